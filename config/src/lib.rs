@@ -1,0 +1,1 @@
+//! TOML pipeline schema (see issue 5).

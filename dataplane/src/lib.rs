@@ -1,0 +1,21 @@
+//! # dataplane
+//!
+//! A kernel-bypass dataplane on RDMA verbs. Pinned workers own queue pairs and completion
+//! queues on hugepage-backed memory and busy-poll them; the same verbs semantics run on two
+//! providers:
+//!
+//! - [`shm`]: a software NIC over shared memory, across threads and processes of one host.
+//!   The poster's CPU is the DMA engine. The embedded default; needs no setup.
+//! - `rdma`: rdma-core's libibverbs, for real NICs and Soft-RoCE.
+//!
+//! Start with [`verbs`] (the model) and [`provider`] (the traits), then `examples` in
+//! `apps/`.
+
+#![warn(missing_docs)]
+
+pub mod mem;
+pub mod provider;
+pub mod shm;
+pub mod verbs;
+
+pub use provider::{Ah, Context, Cq, MemRegion, Mr, Pd, Provider, Qp, QpInitAttr, Srq};

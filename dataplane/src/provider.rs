@@ -1,0 +1,211 @@
+//! The provider trait family: one verbs semantics, several engines.
+//!
+//! A [`Provider`] names the concrete types of one engine (`shm`, `rdma`). Code that must run
+//! on either is generic over `P: Provider` and is monomorphized per provider, so the hot path
+//! has no dynamic dispatch and no branch on the provider (architecture.md).
+//!
+//! Resources are reference counted the way rust-ibverbs does it: a QP keeps its CQs, SRQ and
+//! PD alive, an MR keeps its PD and memory alive, so no handle can outlive what it points into.
+
+use crate::verbs::{
+    AccessFlags, AhAttr, AhHandle, AsyncEvent, DeviceCaps, Endpoint, PortAttr, PostError, QpAttr,
+    QpCaps, QpState, QpType, RecvChain, Result, SendChain, SrqAttr, SrqAttrMask, WorkCompletion,
+};
+
+/// An engine that implements the verbs.
+pub trait Provider: Sized + 'static {
+    /// Short name used in configs and messages (`"shm"`, `"rdma"`).
+    const NAME: &'static str;
+    /// How to open a device of this provider.
+    type Config: Clone + Send + Sync + std::fmt::Debug;
+    /// An open device (`struct ibv_context`).
+    type Context: Context<Self>;
+    /// A protection domain.
+    type Pd: Pd<Self>;
+    /// A registered memory region.
+    type Mr: Mr;
+    /// A completion queue.
+    type Cq: Cq;
+    /// A queue pair.
+    type Qp: Qp;
+    /// A shared receive queue.
+    type Srq: Srq;
+    /// An address handle (UD destinations).
+    type Ah: Ah;
+    /// Memory that can be registered with this provider.
+    type Region: MemRegion;
+
+    /// Opens the device described by `cfg`.
+    ///
+    /// Errors: `ENOENT`/`ENODEV` when the device or fabric does not exist, `ENOSYS` when the
+    /// kernel has no RDMA support, `EINVAL` for a bad config.
+    fn open(cfg: &Self::Config) -> Result<Self::Context>;
+}
+
+/// An open device.
+pub trait Context<P: Provider>: Send + Sync {
+    /// The device's limits (`ibv_query_device_ex`).
+    fn caps(&self) -> DeviceCaps;
+    /// Attributes of `port` (1-based). Errors: `EINVAL` for a port that does not exist.
+    fn port_attr(&self, port: u8) -> Result<PortAttr>;
+    /// The GID at `index` of `port`. Errors: `EINVAL` for an index out of range.
+    fn gid(&self, port: u8, index: u8) -> Result<[u8; 16]>;
+    /// Allocates a protection domain. Errors: `ENOMEM`.
+    fn alloc_pd(&self) -> Result<P::Pd>;
+    /// Creates a CQ with at least `cqe` entries. Errors: `EINVAL` for 0 or more than
+    /// `max_cqe`, `ENOMEM`.
+    fn create_cq(&self, cqe: u32) -> Result<P::Cq>;
+    /// Allocates `len` bytes of memory this provider can register (shared with peer processes
+    /// where the provider needs that). Errors: `ENOMEM`/`ENOSPC`.
+    fn alloc_region(&self, len: usize) -> Result<P::Region>;
+    /// Returns the next asynchronous event, if any (non-blocking `ibv_get_async_event`; events
+    /// need no ack).
+    fn poll_async_event(&self) -> Option<AsyncEvent>;
+}
+
+/// Attributes for creating a QP (`struct ibv_qp_init_attr`).
+pub struct QpInitAttr<'a, P: Provider> {
+    /// CQ for send completions.
+    pub send_cq: &'a P::Cq,
+    /// CQ for receive completions.
+    pub recv_cq: &'a P::Cq,
+    /// SRQ to take receives from; `post_recv` on the QP is then an error.
+    pub srq: Option<&'a P::Srq>,
+    /// Requested capacities.
+    pub cap: QpCaps,
+    /// Transport.
+    pub qp_type: QpType,
+    /// Every send WR generates a completion (otherwise only those with `SIGNALED`).
+    pub sq_sig_all: bool,
+}
+
+/// A protection domain.
+pub trait Pd<P: Provider> {
+    /// Registers `len` bytes of `region` starting at `offset`.
+    ///
+    /// Errors: `EINVAL` for a range outside the region, a zero length, or REMOTE_WRITE /
+    /// REMOTE_ATOMIC without LOCAL_WRITE; `ENOMEM` when the MR table is full.
+    fn reg_mr(&self, region: &P::Region, offset: usize, len: usize, access: AccessFlags) -> Result<P::Mr>;
+    /// Creates a QP in RESET.
+    ///
+    /// Errors: `EINVAL` for zero depths without an SRQ, depths or SGEs above the device caps,
+    /// or CQs/SRQ of another device; `ENOMEM` when no QP is left.
+    fn create_qp(&self, attr: &QpInitAttr<'_, P>) -> Result<P::Qp>;
+    /// Creates an SRQ. Errors: `EINVAL` for `max_wr`/`max_sge` of 0 or above the caps.
+    fn create_srq(&self, attr: &SrqAttr) -> Result<P::Srq>;
+    /// Creates an address handle for UD sends. Errors: `EINVAL` for a bad port or GID.
+    fn create_ah(&self, attr: &AhAttr) -> Result<P::Ah>;
+}
+
+/// A registered memory region.
+pub trait Mr {
+    /// Local key, for SGEs.
+    fn lkey(&self) -> u32;
+    /// Remote key, for peers' RDMA and atomic operations.
+    fn rkey(&self) -> u32;
+    /// Start address in this process (the value SGEs and remote addresses use).
+    fn addr(&self) -> u64;
+    /// Length in bytes.
+    fn len(&self) -> usize;
+    /// Whether the MR is empty (never true for a registered MR).
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A completion queue.
+pub trait Cq {
+    /// Fills `wc` with up to `wc.len()` completions and returns how many. Also makes progress
+    /// on work waiting in the providers' software paths (RNR retries on `shm`).
+    ///
+    /// Errors: `EIO` when the CQ overran and is in error.
+    fn poll(&mut self, wc: &mut [WorkCompletion]) -> Result<usize>;
+    /// Number of entries.
+    fn depth(&self) -> u32;
+}
+
+/// A queue pair.
+pub trait Qp {
+    /// QP number.
+    fn qp_num(&self) -> u32;
+    /// Transport type.
+    fn qp_type(&self) -> QpType;
+    /// Current state (it may have moved to ERROR on its own).
+    fn state(&self) -> QpState;
+    /// Capacities actually granted.
+    fn caps(&self) -> QpCaps;
+    /// This QP's identity for the out-of-band exchange, using GID `gid_index` of its port.
+    fn endpoint(&self, gid_index: u8) -> Result<Endpoint>;
+    /// `ibv_modify_qp`. Errors: `EINVAL` for a transition the state machine forbids or a
+    /// missing/invalid attribute.
+    fn modify(&mut self, attr: &QpAttr) -> Result<()>;
+    /// Posts a chain of send WRs with one doorbell (`ibv_post_send`).
+    ///
+    /// Errors, with `bad_wr` the first request not posted: `EINVAL` (QP not in RTS/SQD/SQE/
+    /// ERROR, opcode not allowed on this QP type, flag not valid for the opcode, too many
+    /// SGEs, inline data too long, unknown lkey, SGE outside its MR, message too long);
+    /// `ENOMEM` (send queue full).
+    fn post_send(&mut self, chain: &SendChain) -> std::result::Result<(), PostError>;
+    /// Posts a chain of receive WRs (`ibv_post_recv`).
+    ///
+    /// Errors, with `bad_wr`: `EINVAL` (QP in RESET, QP attached to an SRQ, too many SGEs,
+    /// unknown lkey, SGE outside its MR, MR without LOCAL_WRITE); `ENOMEM` (queue full).
+    fn post_recv(&mut self, chain: &RecvChain) -> std::result::Result<(), PostError>;
+}
+
+/// A shared receive queue.
+pub trait Srq {
+    /// SRQ number.
+    fn srq_num(&self) -> u32;
+    /// Posts receive WRs (`ibv_post_srq_recv`); same errors as [`Qp::post_recv`].
+    fn post_recv(&mut self, chain: &RecvChain) -> std::result::Result<(), PostError>;
+    /// `ibv_modify_srq`: arm the limit or resize. Errors: `EINVAL` for a limit above
+    /// `max_wr`, `EOPNOTSUPP` for a resize the provider cannot do.
+    fn modify(&mut self, attr: &SrqAttr, mask: SrqAttrMask) -> Result<()>;
+    /// `ibv_query_srq`: the current attributes (`srq_limit` 0 once the event fired).
+    fn query(&self) -> Result<SrqAttr>;
+}
+
+/// An address handle.
+pub trait Ah {
+    /// The handle to put in [`crate::verbs::UdDest`].
+    fn handle(&self) -> AhHandle;
+}
+
+/// Memory a provider can register: a mapped range of bytes that peers (and the provider's
+/// DMA engine) may write at any time, so it is never handed out as a Rust slice.
+pub trait MemRegion: Send + Sync {
+    /// Start of the mapping in this process.
+    fn as_ptr(&self) -> *mut u8;
+    /// Length in bytes.
+    fn len(&self) -> usize;
+    /// Whether the region is empty.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Address of byte `offset`, as SGEs want it.
+    fn addr(&self, offset: usize) -> u64 {
+        self.as_ptr() as u64 + offset as u64
+    }
+    /// Copies `data` into the region at `offset`. Panics if the range is outside the region
+    /// (a programming error, like slice indexing).
+    fn write(&self, offset: usize, data: &[u8]) {
+        assert!(offset.checked_add(data.len()).is_some_and(|e| e <= self.len()), "write outside region");
+        // SAFETY: the range is inside the mapping (checked above); the bytes may be written
+        // concurrently by a peer, which is the nature of DMA memory and is why no reference
+        // to them is ever formed.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.as_ptr().add(offset), data.len()) }
+    }
+    /// Copies bytes at `offset` out of the region into `out`. Panics if outside the region.
+    fn read(&self, offset: usize, out: &mut [u8]) {
+        assert!(offset.checked_add(out.len()).is_some_and(|e| e <= self.len()), "read outside region");
+        // SAFETY: as in `write`.
+        unsafe { std::ptr::copy_nonoverlapping(self.as_ptr().add(offset), out.as_mut_ptr(), out.len()) }
+    }
+    /// Fills `len` bytes at `offset` with `byte`. Panics if outside the region.
+    fn fill(&self, offset: usize, len: usize, byte: u8) {
+        assert!(offset.checked_add(len).is_some_and(|e| e <= self.len()), "fill outside region");
+        // SAFETY: as in `write`.
+        unsafe { std::ptr::write_bytes(self.as_ptr().add(offset), byte, len) }
+    }
+}

@@ -1,0 +1,1 @@
+//! The `shm` provider: a software NIC over shared memory.

@@ -1,0 +1,27 @@
+//! The provider-neutral verbs model: work requests, completions, opcodes, flags, QP types and
+//! states, capabilities and errno-carrying errors.
+//!
+//! It follows rdma-core's man pages (`ibv_post_send(3)`, `ibv_post_recv(3)`,
+//! `ibv_post_srq_recv(3)`, `ibv_post_srq_ops(3)`) field by field; docs/conformance.md maps
+//! each sentence of those pages to the test that checks it.
+
+mod access;
+mod device;
+mod error;
+mod opcode;
+mod qp;
+mod srq;
+mod wc;
+mod wr;
+
+pub use access::AccessFlags;
+pub use device::{AsyncEvent, AsyncEventKind, DeviceCaps, PortAttr, PortState};
+pub use error::{Errno, Error, PostError, Result};
+pub use opcode::{WcOpcode, WrOpcode};
+pub use qp::{ack_timeout_ns, rnr_timer_ns, AhAttr, Endpoint, QpAttr, QpCaps, QpState, QpType};
+pub use srq::{SrqAttr, SrqAttrMask};
+pub use wc::{WcFlags, WcStatus, WorkCompletion};
+pub use wr::{AhHandle, RecvChain, RecvWr, SendChain, SendFlags, SendWr, Sge, UdDest};
+
+/// Size of the Global Routing Header area at the start of every UD receive buffer.
+pub const GRH_LEN: usize = 40;

@@ -1,0 +1,325 @@
+//! Work requests and the reusable chains that carry them to one doorbell.
+//!
+//! A C program links `ibv_send_wr`s with `next` pointers; here a [`SendChain`] (or
+//! [`RecvChain`]) holds the requests and their scatter/gather entries in two reusable arrays.
+//! One `post_send(&chain)` is one doorbell. `clear()` keeps the capacity, so a worker that
+//! builds a chain per loop allocates only while warming up. `bad_wr` in a [`PostError`] is an
+//! index into the chain.
+//!
+//! [`PostError`]: super::PostError
+
+use super::opcode::WrOpcode;
+
+/// A scatter/gather entry (`struct ibv_sge`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(C)]
+pub struct Sge {
+    /// Start address in the poster's address space (or the offset for ZERO_BASED regions).
+    pub addr: u64,
+    /// Length in bytes. In a receive request, 0 means 2^31 bytes (SRQ notes).
+    pub length: u32,
+    /// Local key of the memory region the buffer was registered with.
+    pub lkey: u32,
+}
+
+impl Sge {
+    /// Builds an entry.
+    pub fn new(addr: u64, length: u32, lkey: u32) -> Sge {
+        Sge { addr, length, lkey }
+    }
+}
+
+bitflags::bitflags! {
+    /// Properties of a send work request (`enum ibv_send_flags`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct SendFlags: u32 {
+        /// Wait for prior RDMA READs and atomics to complete first (RC).
+        const FENCE = 1;
+        /// Generate a completion (only meaningful when the QP has `sq_sig_all = false`).
+        const SIGNALED = 1 << 1;
+        /// Raise a solicited event at the receiver (Send, Write with immediate).
+        const SOLICITED = 1 << 2;
+        /// Copy the gather list into the request now: buffers are reusable on return and the
+        /// L_Key is not checked (Send and RDMA Write).
+        const INLINE = 1 << 3;
+        /// Offload IPv4 and TCP/UDP checksums (only where the device supports it).
+        const IP_CSUM = 1 << 4;
+    }
+}
+
+/// Opaque handle of an address handle, as a provider issued it (`struct ibv_ah *`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct AhHandle(pub u64);
+
+/// Destination of a UD send (`wr.ud`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct UdDest {
+    /// Address handle for the remote node.
+    pub ah: AhHandle,
+    /// Destination QP number.
+    pub remote_qpn: u32,
+    /// Destination Q_Key.
+    pub remote_qkey: u32,
+}
+
+/// A send work request (`struct ibv_send_wr` without `next` and `sg_list`: the chain holds
+/// those).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SendWr {
+    /// User-defined ID returned in the completion.
+    pub wr_id: u64,
+    /// Operation.
+    pub opcode: WrOpcode,
+    /// Send flags.
+    pub flags: SendFlags,
+    /// Immediate data for `*_WITH_IMM`, or the rkey to invalidate for `SEND_WITH_INV`.
+    pub imm_data: u32,
+    /// Remote address for RDMA and atomic operations.
+    pub remote_addr: u64,
+    /// Remote key for RDMA and atomic operations.
+    pub rkey: u32,
+    /// Compare operand (CMP_AND_SWP) or addend (FETCH_AND_ADD).
+    pub compare_add: u64,
+    /// Swap operand (CMP_AND_SWP).
+    pub swap: u64,
+    /// Destination of a UD send.
+    pub ud: UdDest,
+    sge_start: u32,
+    num_sge: u32,
+}
+
+impl SendWr {
+    /// A SEND.
+    pub fn send(wr_id: u64) -> SendWr {
+        SendWr { wr_id, opcode: WrOpcode::Send, ..Default::default() }
+    }
+
+    /// A SEND_WITH_IMM carrying `imm`.
+    pub fn send_with_imm(wr_id: u64, imm: u32) -> SendWr {
+        SendWr { wr_id, opcode: WrOpcode::SendWithImm, imm_data: imm, ..Default::default() }
+    }
+
+    /// An RDMA_WRITE to `remote_addr` under `rkey`.
+    pub fn write(wr_id: u64, remote_addr: u64, rkey: u32) -> SendWr {
+        SendWr { wr_id, opcode: WrOpcode::RdmaWrite, remote_addr, rkey, ..Default::default() }
+    }
+
+    /// An RDMA_WRITE_WITH_IMM to `remote_addr` under `rkey`.
+    pub fn write_with_imm(wr_id: u64, remote_addr: u64, rkey: u32, imm: u32) -> SendWr {
+        SendWr {
+            wr_id,
+            opcode: WrOpcode::RdmaWriteWithImm,
+            remote_addr,
+            rkey,
+            imm_data: imm,
+            ..Default::default()
+        }
+    }
+
+    /// An RDMA_READ from `remote_addr` under `rkey`.
+    pub fn read(wr_id: u64, remote_addr: u64, rkey: u32) -> SendWr {
+        SendWr { wr_id, opcode: WrOpcode::RdmaRead, remote_addr, rkey, ..Default::default() }
+    }
+
+    /// An ATOMIC_FETCH_AND_ADD of `add` on the 8 bytes at `remote_addr`.
+    pub fn fetch_add(wr_id: u64, remote_addr: u64, rkey: u32, add: u64) -> SendWr {
+        SendWr {
+            wr_id,
+            opcode: WrOpcode::AtomicFetchAndAdd,
+            remote_addr,
+            rkey,
+            compare_add: add,
+            ..Default::default()
+        }
+    }
+
+    /// An ATOMIC_CMP_AND_SWP: if the 8 bytes at `remote_addr` equal `compare`, store `swap`.
+    pub fn cmp_swap(wr_id: u64, remote_addr: u64, rkey: u32, compare: u64, swap: u64) -> SendWr {
+        SendWr {
+            wr_id,
+            opcode: WrOpcode::AtomicCmpAndSwp,
+            remote_addr,
+            rkey,
+            compare_add: compare,
+            swap,
+            ..Default::default()
+        }
+    }
+
+    /// Any opcode, all other fields zero.
+    pub fn with_opcode(wr_id: u64, opcode: WrOpcode) -> SendWr {
+        SendWr { wr_id, opcode, ..Default::default() }
+    }
+
+    /// Sets the UD destination.
+    pub fn to(mut self, ah: AhHandle, remote_qpn: u32, remote_qkey: u32) -> SendWr {
+        self.ud = UdDest { ah, remote_qpn, remote_qkey };
+        self
+    }
+
+    /// Adds send flags.
+    pub fn flags(mut self, flags: SendFlags) -> SendWr {
+        self.flags |= flags;
+        self
+    }
+
+    /// Adds `IBV_SEND_SIGNALED`.
+    pub fn signaled(self) -> SendWr {
+        self.flags(SendFlags::SIGNALED)
+    }
+
+    /// Adds `IBV_SEND_INLINE`.
+    pub fn inline(self) -> SendWr {
+        self.flags(SendFlags::INLINE)
+    }
+
+    /// Number of scatter/gather entries (set by the chain).
+    pub fn num_sge(&self) -> usize {
+        self.num_sge as usize
+    }
+}
+
+/// A receive work request (`struct ibv_recv_wr` without `next` and `sg_list`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RecvWr {
+    /// User-defined ID returned in the completion.
+    pub wr_id: u64,
+    sge_start: u32,
+    num_sge: u32,
+}
+
+impl RecvWr {
+    /// A receive request; its buffers are given to [`RecvChain::push`].
+    pub fn new(wr_id: u64) -> RecvWr {
+        RecvWr { wr_id, sge_start: 0, num_sge: 0 }
+    }
+
+    /// Number of scatter/gather entries (set by the chain).
+    pub fn num_sge(&self) -> usize {
+        self.num_sge as usize
+    }
+}
+
+macro_rules! chain {
+    ($(#[$doc:meta])* $name:ident, $wr:ty) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Default)]
+        pub struct $name {
+            wrs: Vec<$wr>,
+            sges: Vec<Sge>,
+        }
+
+        impl $name {
+            /// An empty chain.
+            pub fn new() -> Self {
+                Self::default()
+            }
+
+            /// An empty chain with room for `wrs` requests and `sges` entries, so that pushing
+            /// up to those numbers never allocates.
+            pub fn with_capacity(wrs: usize, sges: usize) -> Self {
+                Self { wrs: Vec::with_capacity(wrs), sges: Vec::with_capacity(sges) }
+            }
+
+            /// Empties the chain, keeping its capacity.
+            pub fn clear(&mut self) {
+                self.wrs.clear();
+                self.sges.clear();
+            }
+
+            /// Appends `wr` with its scatter/gather list (copied into the chain).
+            pub fn push(&mut self, mut wr: $wr, sges: &[Sge]) -> &mut Self {
+                wr.sge_start = self.sges.len() as u32;
+                wr.num_sge = sges.len() as u32;
+                self.sges.extend_from_slice(sges);
+                self.wrs.push(wr);
+                self
+            }
+
+            /// Number of work requests.
+            pub fn len(&self) -> usize {
+                self.wrs.len()
+            }
+
+            /// Whether the chain has no work request.
+            pub fn is_empty(&self) -> bool {
+                self.wrs.is_empty()
+            }
+
+            /// The work requests, in posting order.
+            pub fn wrs(&self) -> &[$wr] {
+                &self.wrs
+            }
+
+            /// Mutable access to the work requests (their SGE lists stay as pushed).
+            pub fn wrs_mut(&mut self) -> &mut [$wr] {
+                &mut self.wrs
+            }
+
+            /// The scatter/gather list of the request at `i`.
+            pub fn sges(&self, i: usize) -> &[Sge] {
+                let wr = &self.wrs[i];
+                &self.sges[wr.sge_start as usize..(wr.sge_start + wr.num_sge) as usize]
+            }
+
+            /// The scatter/gather list of `wr`, which must belong to this chain.
+            pub fn sges_of(&self, wr: &$wr) -> &[Sge] {
+                &self.sges[wr.sge_start as usize..(wr.sge_start + wr.num_sge) as usize]
+            }
+
+            /// Iterates over `(request, its SGE list)` pairs.
+            pub fn iter(&self) -> impl Iterator<Item = (&$wr, &[Sge])> + '_ {
+                self.wrs.iter().map(move |wr| (wr, self.sges_of(wr)))
+            }
+        }
+    };
+}
+
+chain!(
+    /// A list of send work requests posted with one doorbell.
+    SendChain,
+    SendWr
+);
+chain!(
+    /// A list of receive work requests posted with one doorbell.
+    RecvChain,
+    RecvWr
+);
+
+impl SendChain {
+    /// A chain holding one request.
+    pub fn one(wr: SendWr, sges: &[Sge]) -> SendChain {
+        let mut c = SendChain::with_capacity(1, sges.len());
+        c.push(wr, sges);
+        c
+    }
+}
+
+impl RecvChain {
+    /// A chain holding one request.
+    pub fn one(wr_id: u64, sges: &[Sge]) -> RecvChain {
+        let mut c = RecvChain::with_capacity(1, sges.len());
+        c.push(RecvWr::new(wr_id), sges);
+        c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chain_keeps_sges_per_request_and_reuses_capacity() {
+        let mut c = SendChain::with_capacity(4, 8);
+        c.push(SendWr::send(1), &[Sge::new(1, 2, 3)]);
+        c.push(SendWr::send(2), &[Sge::new(4, 5, 6), Sge::new(7, 8, 9)]);
+        c.push(SendWr::send(3), &[]);
+        assert_eq!(c.len(), 3);
+        assert_eq!(c.sges(1), &[Sge::new(4, 5, 6), Sge::new(7, 8, 9)]);
+        assert_eq!(c.sges(2), &[]);
+        let cap = (c.wrs.capacity(), c.sges.capacity());
+        c.clear();
+        assert!(c.is_empty());
+        assert_eq!((c.wrs.capacity(), c.sges.capacity()), cap);
+    }
+}
