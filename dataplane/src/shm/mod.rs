@@ -1,1 +1,254 @@
-//! The `shm` provider: a software NIC over shared memory.
+//! The `shm` provider: a software NIC over shared memory, for threads and processes of one
+//! host.
+//!
+//! A *fabric* is a named shared mapping (`/dev/hugepages/dataplane.NAME` on a hugetlbfs mount,
+//! else `/dev/shm/dataplane.NAME`) that every process using it maps. It holds the object
+//! tables (QPs, CQs, SRQs, MRs), their rings, and the memory that is registered: memory for
+//! MRs comes from [`crate::Context::alloc_region`], which carves it from the fabric, so a peer
+//! process can write into it. Opening a fabric that does not exist creates it; the last
+//! context to close removes it; one left behind by crashed processes is replaced.
+//!
+//! There is no helper thread: the poster's CPU is the DMA engine (see `exec.rs`). Layout and
+//! trust rules are in `layout.rs` and `ring.rs`; the design is explained in
+//! docs/shm-provider.md.
+
+mod cq;
+mod exec;
+mod fabric;
+mod layout;
+mod mr;
+mod qp;
+mod recvq;
+mod ring;
+mod srq;
+
+pub use cq::ShmCq;
+pub use mr::{ShmMr, ShmPd, ShmRegion};
+pub use qp::ShmQp;
+pub use srq::ShmSrq;
+
+use crate::mem::HugePolicy;
+use crate::verbs::*;
+use fabric::Fabric;
+use std::sync::Arc;
+
+pub(crate) const EVENT_SRQ_LIMIT: u32 = 1;
+pub(crate) const EVENT_CQ_ERR: u32 = 2;
+pub(crate) const EVENT_QP_LAST_WQE: u32 = 3;
+
+/// The `shm` provider.
+#[derive(Debug, Clone, Copy)]
+pub struct Shm;
+
+/// How to open an `shm` device: which fabric, and how to create it if it does not exist.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShmConfig {
+    /// Fabric name (like DPDK's `--file-prefix`): processes using the same name talk to each
+    /// other; different names are independent instances side by side.
+    pub fabric: String,
+    /// Size of the fabric in bytes, if this open creates it (tables take about 2 MiB; the
+    /// rest holds rings and registered memory).
+    pub size: usize,
+    /// Huge page policy for the fabric's memory.
+    pub huge: HugePolicy,
+}
+
+impl Default for ShmConfig {
+    fn default() -> Self {
+        ShmConfig { fabric: "default".into(), size: 64 << 20, huge: HugePolicy::default() }
+    }
+}
+
+impl ShmConfig {
+    /// A config for fabric `name` with the default size and huge page policy.
+    pub fn named(name: impl Into<String>) -> ShmConfig {
+        ShmConfig { fabric: name.into(), ..Default::default() }
+    }
+}
+
+pub(crate) struct CtxInner {
+    pub(crate) fabric: Arc<Fabric>,
+    pub(crate) idx: usize,
+    pub(crate) lid: u16,
+    pub(crate) caps: DeviceCaps,
+}
+
+impl Drop for CtxInner {
+    fn drop(&mut self) {
+        self.fabric.free_ctx(self.idx);
+    }
+}
+
+/// An open `shm` device: one port of a fabric.
+pub struct ShmContext {
+    inner: Arc<CtxInner>,
+}
+
+impl ShmContext {
+    /// The fabric's name.
+    pub fn fabric_name(&self) -> &str {
+        self.inner.fabric.name()
+    }
+
+    /// What backs the fabric's memory (huge pages or the fallback, and why).
+    pub fn backing(&self) -> &crate::mem::RegionBacking {
+        self.inner.fabric.region().backing()
+    }
+
+    /// This context's LID on the fabric.
+    pub fn lid(&self) -> u16 {
+        self.inner.lid
+    }
+
+    /// Bytes of the fabric's mapping.
+    pub fn fabric_size(&self) -> u64 {
+        self.inner.fabric.size()
+    }
+}
+
+fn shm_caps(fabric_size: u64) -> DeviceCaps {
+    DeviceCaps {
+        max_qp: layout::MAX_QP as u32,
+        max_qp_wr: 1 << 15,
+        max_sge: recvq::MAX_SGE as u32,
+        max_inline_data: 1024,
+        max_cq: layout::MAX_CQ as u32,
+        max_cqe: 1 << 20,
+        max_mr: layout::MAX_MR as u32,
+        max_mr_size: fabric_size,
+        max_pd: 1 << 16,
+        max_srq: layout::MAX_SRQ as u32,
+        max_srq_wr: 1 << 15,
+        max_srq_sge: recvq::MAX_SGE as u32,
+        max_msg_size: 1 << 31,
+        max_qp_rd_atom: 16,
+        atomics: true,
+        max_num_tags: 0,
+        ip_csum: false,
+    }
+}
+
+pub(crate) fn gid_of(ctx: &CtxInner, port: u8, index: u8) -> Result<[u8; 16]> {
+    if port != 1 {
+        return Err(Error::new(Errno::EINVAL, format!("port {port} does not exist (the shm device has port 1)")));
+    }
+    if index != 0 {
+        return Err(Error::new(Errno::EINVAL, format!("GID index {index} is out of range (the shm port has 1 GID)")));
+    }
+    Ok(exec::gid(ctx.fabric.fabric_id(), ctx.lid))
+}
+
+impl crate::Provider for Shm {
+    const NAME: &'static str = "shm";
+    type Config = ShmConfig;
+    type Context = ShmContext;
+    type Pd = ShmPd;
+    type Mr = ShmMr;
+    type Cq = ShmCq;
+    type Qp = ShmQp;
+    type Srq = ShmSrq;
+    type Ah = ShmAh;
+    type Region = ShmRegion;
+
+    fn open(cfg: &ShmConfig) -> Result<ShmContext> {
+        let (fabric, idx) = Fabric::open(&cfg.fabric, cfg.size, cfg.huge)?;
+        let caps = shm_caps(fabric.size());
+        Ok(ShmContext { inner: Arc::new(CtxInner { fabric, idx, lid: idx as u16 + 1, caps }) })
+    }
+}
+
+impl crate::Context<Shm> for ShmContext {
+    fn caps(&self) -> DeviceCaps {
+        self.inner.caps
+    }
+
+    fn port_attr(&self, port: u8) -> Result<PortAttr> {
+        if port != 1 {
+            return Err(Error::new(Errno::EINVAL, format!("port {port} does not exist (the shm device has port 1)")));
+        }
+        Ok(PortAttr {
+            state: PortState::Active,
+            active_mtu: qp::SHM_MTU,
+            max_mtu: qp::SHM_MTU,
+            lid: self.inner.lid,
+            gid_tbl_len: 1,
+        })
+    }
+
+    fn gid(&self, port: u8, index: u8) -> Result<[u8; 16]> {
+        gid_of(&self.inner, port, index)
+    }
+
+    fn alloc_pd(&self) -> Result<ShmPd> {
+        Ok(ShmPd { inner: Arc::new(mr::PdInner { ctx: self.inner.clone(), pdn: self.inner.fabric.next_pd() }) })
+    }
+
+    fn create_cq(&self, cqe: u32) -> Result<ShmCq> {
+        ShmCq::create(&self.inner, cqe)
+    }
+
+    fn alloc_region(&self, len: usize) -> Result<ShmRegion> {
+        ShmRegion::alloc(&self.inner, len)
+    }
+
+    fn poll_async_event(&self) -> Option<AsyncEvent> {
+        let ring = self.inner.fabric.event_ring(self.inner.idx)?;
+        let (mut kind, mut element) = (0u32, 0u32);
+        let got = ring.pop(|p| {
+            // SAFETY: event cells have 8 payload bytes.
+            unsafe {
+                kind = (p as *const u32).read_unaligned();
+                element = (p.add(4) as *const u32).read_unaligned();
+            }
+        });
+        if !matches!(got, ring::Pop::Item) {
+            return None;
+        }
+        let kind = match kind {
+            EVENT_SRQ_LIMIT => AsyncEventKind::SrqLimitReached,
+            EVENT_CQ_ERR => AsyncEventKind::CqErr,
+            EVENT_QP_LAST_WQE => AsyncEventKind::QpLastWqeReached,
+            _ => AsyncEventKind::DeviceFatal,
+        };
+        Some(AsyncEvent { kind, element })
+    }
+}
+
+impl crate::Pd<Shm> for ShmPd {
+    fn reg_mr(&self, region: &ShmRegion, offset: usize, len: usize, access: AccessFlags) -> Result<ShmMr> {
+        ShmMr::register(&self.inner, region, offset, len, access)
+    }
+
+    fn create_qp(&self, attr: &crate::QpInitAttr<'_, Shm>) -> Result<ShmQp> {
+        ShmQp::create(&self.inner, attr)
+    }
+
+    fn create_srq(&self, attr: &SrqAttr) -> Result<ShmSrq> {
+        ShmSrq::create(&self.inner.ctx, self.inner.pdn, attr)
+    }
+
+    fn create_ah(&self, attr: &AhAttr) -> Result<ShmAh> {
+        if attr.port_num != 1 {
+            return Err(Error::new(Errno::EINVAL, format!("port {} does not exist (the shm device has port 1)", attr.port_num)));
+        }
+        if attr.is_global && attr.sgid_index != 0 {
+            return Err(Error::new(Errno::EINVAL, format!("sgid_index {} is out of range", attr.sgid_index)));
+        }
+        let mut h = exec::AH_VALID | attr.dlid as u64;
+        if attr.is_global {
+            h |= exec::AH_GLOBAL;
+        }
+        Ok(ShmAh { handle: AhHandle(h) })
+    }
+}
+
+/// An address handle of the `shm` provider (the destination's LID; QPNs are fabric-wide).
+pub struct ShmAh {
+    handle: AhHandle,
+}
+
+impl crate::Ah for ShmAh {
+    fn handle(&self) -> AhHandle {
+        self.handle
+    }
+}

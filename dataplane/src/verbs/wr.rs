@@ -86,6 +86,8 @@ pub struct SendWr {
     pub ud: UdDest,
     sge_start: u32,
     num_sge: u32,
+    inline_start: u32,
+    inline_len: u32,
 }
 
 impl SendWr {
@@ -191,7 +193,7 @@ pub struct RecvWr {
 impl RecvWr {
     /// A receive request; its buffers are given to [`RecvChain::push`].
     pub fn new(wr_id: u64) -> RecvWr {
-        RecvWr { wr_id, sge_start: 0, num_sge: 0 }
+        RecvWr { wr_id, ..Default::default() }
     }
 
     /// Number of scatter/gather entries (set by the chain).
@@ -207,6 +209,7 @@ macro_rules! chain {
         pub struct $name {
             wrs: Vec<$wr>,
             sges: Vec<Sge>,
+            inline: Vec<u8>,
         }
 
         impl $name {
@@ -218,19 +221,21 @@ macro_rules! chain {
             /// An empty chain with room for `wrs` requests and `sges` entries, so that pushing
             /// up to those numbers never allocates.
             pub fn with_capacity(wrs: usize, sges: usize) -> Self {
-                Self { wrs: Vec::with_capacity(wrs), sges: Vec::with_capacity(sges) }
+                Self { wrs: Vec::with_capacity(wrs), sges: Vec::with_capacity(sges), inline: Vec::new() }
             }
 
             /// Empties the chain, keeping its capacity.
             pub fn clear(&mut self) {
                 self.wrs.clear();
                 self.sges.clear();
+                self.inline.clear();
             }
 
             /// Appends `wr` with its scatter/gather list (copied into the chain).
             pub fn push(&mut self, mut wr: $wr, sges: &[Sge]) -> &mut Self {
                 wr.sge_start = self.sges.len() as u32;
                 wr.num_sge = sges.len() as u32;
+                Self::reset_extra(&mut wr);
                 self.sges.extend_from_slice(sges);
                 self.wrs.push(wr);
                 self
@@ -287,6 +292,38 @@ chain!(
 );
 
 impl SendChain {
+    fn reset_extra(wr: &mut SendWr) {
+        wr.inline_len = 0;
+    }
+
+    /// Appends `wr` carrying `data` inline: the bytes are copied into the chain now, so the
+    /// caller's buffer is free at once and no L_Key is involved (`IBV_SEND_INLINE`). The
+    /// provider rejects data longer than the QP's `max_inline_data`.
+    pub fn push_inline(&mut self, mut wr: SendWr, data: &[u8]) -> &mut Self {
+        wr.flags |= SendFlags::INLINE;
+        wr.sge_start = self.sges.len() as u32;
+        wr.num_sge = 0;
+        wr.inline_start = self.inline.len() as u32;
+        wr.inline_len = data.len() as u32;
+        // Marks "inline bytes present" even for zero-length data.
+        if data.is_empty() {
+            wr.inline_len = u32::MAX;
+        }
+        self.inline.extend_from_slice(data);
+        self.wrs.push(wr);
+        self
+    }
+
+    /// The inline bytes of `wr` if it was pushed with [`SendChain::push_inline`].
+    #[inline]
+    pub fn inline_of(&self, wr: &SendWr) -> Option<&[u8]> {
+        match wr.inline_len {
+            0 => None,
+            u32::MAX => Some(&[]),
+            n => Some(&self.inline[wr.inline_start as usize..(wr.inline_start + n) as usize]),
+        }
+    }
+
     /// A chain holding one request.
     pub fn one(wr: SendWr, sges: &[Sge]) -> SendChain {
         let mut c = SendChain::with_capacity(1, sges.len());
@@ -296,6 +333,8 @@ impl SendChain {
 }
 
 impl RecvChain {
+    fn reset_extra(_: &mut RecvWr) {}
+
     /// A chain holding one request.
     pub fn one(wr_id: u64, sges: &[Sge]) -> RecvChain {
         let mut c = RecvChain::with_capacity(1, sges.len());

@@ -1,0 +1,255 @@
+//! Completion queues: an MPSC ring in the fabric. Any sender (local or in another process)
+//! pushes CQEs; the owner polls them.
+
+use super::fabric::Fabric;
+use super::layout::*;
+use super::qp::SqCell;
+use super::ring::{Pop, Ring};
+use super::CtxInner;
+use crate::verbs::{Errno, Error, Result, WcFlags, WcOpcode, WcStatus, WorkCompletion};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+/// A CQE as it travels through the ring: a [`WorkCompletion`] plus the send-queue index it
+/// retires (send completions only).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Cqe {
+    pub wc: WorkCompletion,
+    /// `Some(i)`: this completes send WQE `i` of `wc.qp_num`, retiring it and all before it.
+    pub retire: Option<u32>,
+}
+
+const _: () = assert!(CQE_STRIDE - 8 >= 48);
+
+impl Cqe {
+    fn write(&self, p: *mut u8) {
+        let w = &self.wc;
+        // SAFETY: `p` is a CQ cell payload of 56 bytes (CQE_STRIDE - 8); all writes are inside.
+        unsafe {
+            (p as *mut u64).write_unaligned(w.wr_id);
+            (p.add(8) as *mut u32).write_unaligned(w.byte_len);
+            (p.add(12) as *mut u32).write_unaligned(w.imm_data);
+            (p.add(16) as *mut u32).write_unaligned(w.qp_num);
+            (p.add(20) as *mut u32).write_unaligned(w.src_qp);
+            (p.add(24) as *mut u32).write_unaligned(self.retire.unwrap_or(0));
+            (p.add(28) as *mut u32).write_unaligned(w.wc_flags.bits());
+            (p.add(32) as *mut u16).write_unaligned(w.slid);
+            p.add(34).write(w.status as u8);
+            p.add(35).write(w.opcode as u8);
+            p.add(36).write(w.sl);
+            p.add(37).write(w.dlid_path_bits);
+            (p.add(38) as *mut u16).write_unaligned(w.pkey_index);
+            (p.add(40) as *mut u32).write_unaligned(w.vendor_err);
+            p.add(44).write(self.retire.is_some() as u8);
+        }
+    }
+
+    fn read(p: *const u8) -> Cqe {
+        // SAFETY: `p` is a CQ cell payload of 56 bytes; every read is inside. Values come from
+        // a possibly hostile peer and are decoded defensively (unknown status = GeneralErr).
+        unsafe {
+            let status = WcStatus::from_u8(p.add(34).read());
+            let opcode = WcOpcode::from_u8(p.add(35).read());
+            let wc = WorkCompletion {
+                wr_id: (p as *const u64).read_unaligned(),
+                byte_len: (p.add(8) as *const u32).read_unaligned(),
+                imm_data: (p.add(12) as *const u32).read_unaligned(),
+                qp_num: (p.add(16) as *const u32).read_unaligned(),
+                src_qp: (p.add(20) as *const u32).read_unaligned(),
+                wc_flags: WcFlags::from_bits_truncate((p.add(28) as *const u32).read_unaligned()),
+                slid: (p.add(32) as *const u16).read_unaligned(),
+                status: if opcode.is_none() { WcStatus::GeneralErr } else { status },
+                opcode: opcode.unwrap_or_default(),
+                sl: p.add(36).read(),
+                dlid_path_bits: p.add(37).read(),
+                pkey_index: (p.add(38) as *const u16).read_unaligned(),
+                vendor_err: (p.add(40) as *const u32).read_unaligned(),
+            };
+            let retire = (p.add(44).read() != 0).then(|| (p.add(24) as *const u32).read_unaligned());
+            Cqe { wc, retire }
+        }
+    }
+}
+
+/// The part of a CQ that producers (QPs) hold.
+pub(crate) struct CqShared {
+    pub(crate) ctx: Arc<CtxInner>,
+    pub(crate) idx: usize,
+    pub(crate) cqn: u32,
+    pub(crate) ring: Ring,
+    ring_off: u64,
+    ring_len: u64,
+    /// Number of QPs using this CQ as send CQ that have work waiting (RNR or retry).
+    pub(crate) pending_qps: AtomicU32,
+    /// Send queues that report into this CQ, for progress in `poll`.
+    pub(crate) sqs: Mutex<Vec<Weak<SqCell>>>,
+}
+
+impl CqShared {
+    pub(crate) fn fabric(&self) -> &Fabric {
+        &self.ctx.fabric
+    }
+}
+
+impl Drop for CqShared {
+    fn drop(&mut self) {
+        let f = &self.ctx.fabric;
+        let s = f.cq_slot(self.idx);
+        let _l = f.lock();
+        if s.cqn.load(Ordering::Relaxed) == self.cqn {
+            s.cqn.store(0, Ordering::Release);
+        }
+        drop(_l);
+        f.free(self.ring_off, self.ring_len);
+    }
+}
+
+/// Pushes a CQE into the CQ `cqn` of the fabric (any process). A full CQ is an overrun: the CQ
+/// enters error and its owner gets `IBV_EVENT_CQ_ERR`.
+pub(crate) fn push_cqe(f: &Fabric, ring: &Ring, cqn: u32, cqe: &Cqe) {
+    if !ring.push(|p| cqe.write(p)) {
+        let idx = key_index(cqn, CQ_IDX_BITS);
+        if idx < MAX_CQ {
+            let s = f.cq_slot(idx);
+            if s.cqn.load(Ordering::Acquire) == cqn && s.overrun.swap(1, Ordering::AcqRel) == 0 {
+                f.post_event(s.ctx.load(Ordering::Relaxed) as usize, super::EVENT_CQ_ERR, cqn);
+            }
+        }
+    }
+}
+
+/// Resolves CQ `cqn` to a ring view (for pushing completions of a remote QP).
+pub(crate) fn cq_ring(f: &Fabric, cqn: u32) -> Option<Ring> {
+    let idx = key_index(cqn, CQ_IDX_BITS);
+    if idx >= MAX_CQ {
+        return None;
+    }
+    let s = f.cq_slot(idx);
+    if s.cqn.load(Ordering::Acquire) != cqn {
+        return None;
+    }
+    let (off, cap) = (s.ring_off.load(Ordering::Relaxed), s.cap.load(Ordering::Relaxed));
+    let r = f.ring(off, cap as usize, CQE_STRIDE).ok()?;
+    (s.cqn.load(Ordering::Acquire) == cqn).then_some(r)
+}
+
+/// A completion queue of the `shm` provider.
+pub struct ShmCq {
+    pub(crate) shared: Arc<CqShared>,
+}
+
+impl ShmCq {
+    pub(crate) fn create(ctx: &Arc<CtxInner>, cqe: u32) -> Result<ShmCq> {
+        let max = ctx.caps.max_cqe;
+        if cqe == 0 || cqe > max {
+            return Err(Error::new(Errno::EINVAL, format!("CQ size {cqe} must be 1..={max}")));
+        }
+        let f = &ctx.fabric;
+        let cap = cqe.next_power_of_two() as usize;
+        let ring_len = Ring::bytes(cap, CQE_STRIDE) as u64;
+        let ring_off = f.alloc(ring_len)?;
+        let ring = match f.init_ring(ring_off, cap, CQE_STRIDE) {
+            Ok(r) => r,
+            Err(e) => {
+                f.free(ring_off, ring_len);
+                return Err(e);
+            }
+        };
+        let l = f.lock();
+        let claimed = f.claim_slot(
+            MAX_CQ,
+            |i| {
+                let s = f.cq_slot(i);
+                (&s.cqn, &s.gen, s.pid.load(Ordering::Relaxed))
+            },
+            "CQ",
+        );
+        let (idx, gen) = match claimed {
+            Ok(v) => v,
+            Err(e) => {
+                drop(l);
+                f.free(ring_off, ring_len);
+                return Err(e);
+            }
+        };
+        let cqn = make_key(gen, idx, CQ_IDX_BITS);
+        let s = f.cq_slot(idx);
+        s.ctx.store(ctx.idx as u32, Ordering::Relaxed);
+        s.pid.store(f.pid(), Ordering::Relaxed);
+        s.cap.store(cap as u32, Ordering::Relaxed);
+        s.ring_off.store(ring_off, Ordering::Relaxed);
+        s.overrun.store(0, Ordering::Relaxed);
+        s.cqn.store(cqn, Ordering::Release);
+        drop(l);
+        Ok(ShmCq {
+            shared: Arc::new(CqShared {
+                ctx: ctx.clone(),
+                idx,
+                cqn,
+                ring,
+                ring_off,
+                ring_len,
+                pending_qps: AtomicU32::new(0),
+                sqs: Mutex::new(Vec::new()),
+            }),
+        })
+    }
+
+    /// The CQ number.
+    pub fn cqn(&self) -> u32 {
+        self.shared.cqn
+    }
+
+    /// Completions waiting to be polled.
+    pub fn len(&self) -> usize {
+        self.shared.ring.len() as usize
+    }
+
+    /// Whether no completion is waiting.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    #[cold]
+    fn progress_pending(&self) {
+        let sqs = self.shared.sqs.lock().unwrap_or_else(|e| e.into_inner());
+        for w in sqs.iter() {
+            if let Some(sq) = w.upgrade() {
+                sq.try_progress();
+            }
+        }
+    }
+}
+
+impl crate::provider::Cq for ShmCq {
+    #[inline]
+    fn poll(&mut self, wc: &mut [WorkCompletion]) -> Result<usize> {
+        let sh = &*self.shared;
+        if sh.pending_qps.load(Ordering::Relaxed) != 0 {
+            self.progress_pending();
+        }
+        let f = sh.fabric();
+        let mut n = 0;
+        while n < wc.len() {
+            let mut cqe = Cqe::default();
+            match sh.ring.pop_single(|p| cqe = Cqe::read(p)) {
+                Pop::Empty => break,
+                Pop::Item => {
+                    if let Some(i) = cqe.retire {
+                        super::qp::retire(f, cqe.wc.qp_num, i);
+                    }
+                    wc[n] = cqe.wc;
+                    n += 1;
+                }
+            }
+        }
+        if n == 0 && f.cq_slot(sh.idx).overrun.load(Ordering::Relaxed) != 0 {
+            return Err(Error::new(Errno::EIO, format!("CQ {} overran (more completions than entries) and is in error", sh.cqn)));
+        }
+        Ok(n)
+    }
+
+    fn depth(&self) -> u32 {
+        self.shared.ring.capacity() as u32
+    }
+}

@@ -1,0 +1,566 @@
+//! The doorbell: executing send WQEs on the poster's CPU.
+//!
+//! `post_send` validates each WR (errors that "can be detected immediately" return `bad_wr`)
+//! and runs it at once: it takes a receive request from the target's RQ or SRQ, copies the
+//! gather list into the receive buffers, and writes the receiver's completion and (if
+//! signaled) the sender's. A WQE that cannot run yet (RC: no receive posted, or the target not
+//! ready) waits in the QP's pending queue with everything behind it, and is retried after the
+//! RNR timer or ACK timeout from the send CQ's `poll` or the next `post_send`, until its retry
+//! count runs out.
+//!
+//! Every address and length that comes from shared memory (a peer's receive request, an rkey)
+//! is checked against the MR table and the fabric bounds before a byte moves.
+
+use super::cq::{push_cqe, Cqe};
+use super::fabric::{atomic_u64_at, pid_alive, Fabric};
+use super::layout::*;
+use super::mr::mr_lookup;
+use super::qp::{resolve_local, to_error, SqState, SHM_MTU};
+use super::recvq::{self, recv_sge_len, RecvEntry, MAX_SGE};
+use super::ring::Ring;
+use super::srq::{srq_view, SrqView};
+use crate::verbs::*;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// A contiguous piece of memory in this process.
+#[derive(Clone, Copy)]
+pub(crate) struct Seg {
+    pub ptr: *mut u8,
+    pub len: usize,
+}
+
+impl Default for Seg {
+    fn default() -> Self {
+        Seg { ptr: std::ptr::null_mut(), len: 0 }
+    }
+}
+
+/// Why a WQE waits.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum BlockKind {
+    /// The responder had no receive posted (RNR NAK).
+    Rnr,
+    /// The responder did not answer (absent, not in RTR/RTS, or connected elsewhere).
+    Unreachable,
+}
+
+/// State of the WQE at the head of the pending queue.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Blocked {
+    kind: BlockKind,
+    left: u8,
+    next_at: Instant,
+}
+
+/// The target of a send, resolved from the fabric and cached by the sender.
+#[derive(Clone, Copy)]
+pub(crate) struct DestView {
+    qpn: u32,
+    idx: usize,
+    qp_type: QpType,
+    pd: u32,
+    lid: u16,
+    pid: u32,
+    rq: Option<Ring>,
+    srq: Option<SrqView>,
+    cq: Ring,
+    cqn: u32,
+}
+
+fn resolve_dest(f: &Fabric, qpn: u32) -> Option<DestView> {
+    let idx = key_index(qpn, QP_IDX_BITS);
+    if idx >= MAX_QP {
+        return None;
+    }
+    let s = f.qp_slot(idx);
+    if s.qpn.load(Ordering::Acquire) != qpn {
+        return None;
+    }
+    let qp_type = QpType::from_u8(s.qp_type.load(Ordering::Relaxed) as u8)?;
+    let srqn = s.srqn.load(Ordering::Relaxed);
+    let (rq, srq) = if srqn != 0 {
+        (None, Some(srq_view(f, srqn)?))
+    } else {
+        let sge = s.rq_sge.load(Ordering::Relaxed).min(MAX_SGE as u32);
+        let ring = f.ring(s.rq_off.load(Ordering::Relaxed), s.rq_cap.load(Ordering::Relaxed) as usize, recv_stride(sge)).ok()?;
+        (Some(ring), None)
+    };
+    let cqn = s.recv_cqn.load(Ordering::Relaxed);
+    let cq = super::cq::cq_ring(f, cqn)?;
+    let v = DestView {
+        qpn,
+        idx,
+        qp_type,
+        pd: s.pd.load(Ordering::Relaxed),
+        lid: s.lid.load(Ordering::Relaxed) as u16,
+        pid: s.pid.load(Ordering::Relaxed),
+        rq,
+        srq,
+        cq,
+        cqn,
+    };
+    (s.qpn.load(Ordering::Acquire) == qpn).then_some(v)
+}
+
+/// The cached view of `qpn`, re-resolved when the cache is for another QP or the slot was
+/// reused.
+#[inline]
+fn dest(f: &Fabric, st: &mut SqState, qpn: u32) -> Option<DestView> {
+    if let Some(d) = st.dest {
+        if d.qpn == qpn && f.qp_slot(d.idx).qpn.load(Ordering::Acquire) == qpn {
+            return Some(d);
+        }
+    }
+    st.dest = resolve_dest(f, qpn);
+    st.dest
+}
+
+enum Outcome {
+    /// Executed: the sender's status and byte count.
+    Done(WcStatus, u32),
+    /// Must wait.
+    Block(BlockKind),
+}
+
+/// Copies the bytes of `src` into `dst`, skipping the first `skip` bytes of `dst`.
+/// The caller has checked that `dst` holds `skip + total(src)` bytes.
+#[inline]
+fn copy_sg(src: &[Seg], dst: &[Seg], skip: usize) {
+    let (mut di, mut doff) = (0usize, skip);
+    while di < dst.len() && doff >= dst[di].len {
+        doff -= dst[di].len;
+        di += 1;
+    }
+    for s in src {
+        let mut soff = 0;
+        while soff < s.len {
+            let d = dst[di];
+            let n = (s.len - soff).min(d.len - doff);
+            // SAFETY: both ranges were bounds-checked against their MRs and the fabric (or are
+            // the caller's own inline buffer); `copy` tolerates overlap (a QP sending to its own
+            // buffers).
+            unsafe { std::ptr::copy(s.ptr.add(soff), d.ptr.add(doff), n) };
+            soff += n;
+            doff += n;
+            if doff == d.len {
+                di += 1;
+                doff = 0;
+            }
+        }
+    }
+}
+
+/// Resolves the receive request's SGEs in the receiver's PD; `None` on a protection error.
+#[inline]
+fn resolve_recv(f: &Fabric, pd: u32, rx: &RecvEntry, out: &mut [Seg; MAX_SGE]) -> Option<(usize, u64)> {
+    let mut cap = 0u64;
+    for k in 0..rx.n {
+        let s = &rx.sges[k];
+        let mr = mr_lookup(f, s.lkey)?;
+        if mr.pd != pd || !mr.access.contains(AccessFlags::LOCAL_WRITE) {
+            return None;
+        }
+        let len = recv_sge_len(s);
+        out[k] = Seg { ptr: mr.translate(f, s.addr, len)?, len: len as usize };
+        cap += len;
+    }
+    Some((rx.n, cap))
+}
+
+fn take_recv(f: &Fabric, d: &DestView, rx: &mut RecvEntry) -> bool {
+    match (&d.srq, &d.rq) {
+        (Some(srq), _) => srq.take(f, rx),
+        (None, Some(rq)) => recvq::pop(rq, rx),
+        (None, None) => false,
+    }
+}
+
+fn push_recv_wc(f: &Fabric, d: &DestView, wc: WorkCompletion) {
+    push_cqe(f, &d.cq, d.cqn, &Cqe { wc, retire: None });
+}
+
+/// The global identifier of `lid` on fabric `fabric_id` (fe80::/64, fabric id, lid).
+pub(crate) fn gid(fabric_id: u64, lid: u16) -> [u8; 16] {
+    let mut g = [0u8; 16];
+    g[0] = 0xfe;
+    g[1] = 0x80;
+    g[8..14].copy_from_slice(&fabric_id.to_be_bytes()[2..8]);
+    g[14..16].copy_from_slice(&lid.to_be_bytes());
+    g
+}
+
+/// Delivers a message that consumes a receive request (SEND family, WRITE_WITH_IMM).
+/// `grh`: UD's 40-byte header area (`Some(bytes)` when a GRH is written, `Some(None)`-like
+/// skip when not global).
+#[allow(clippy::too_many_arguments)]
+fn deliver(
+    f: &Fabric,
+    st: &mut SqState,
+    d: &DestView,
+    wr: &SendWr,
+    src: &[Seg],
+    total: u64,
+    grh: Option<Option<[u8; GRH_LEN]>>,
+    place_data: bool,
+) -> Outcome {
+    let reliable = st.qp_type == QpType::Rc;
+    let mut rx = st.rx;
+    if !take_recv(f, d, &mut rx) {
+        return if reliable { Outcome::Block(BlockKind::Rnr) } else { Outcome::Done(WcStatus::Success, 0) };
+    }
+    let mut wc = WorkCompletion {
+        wr_id: rx.wr_id,
+        opcode: if wr.opcode == WrOpcode::RdmaWriteWithImm { WcOpcode::RecvRdmaWithImm } else { WcOpcode::Recv },
+        qp_num: d.qpn,
+        src_qp: st.qpn,
+        slid: st.lid,
+        ..Default::default()
+    };
+    if wr.opcode.has_imm() {
+        wc.imm_data = wr.imm_data;
+        wc.wc_flags |= WcFlags::WITH_IMM;
+    }
+    let hdr = if grh.is_some() { GRH_LEN } else { 0 };
+    let need = hdr as u64 + if place_data { total } else { 0 };
+    let mut dst = [Seg::default(); MAX_SGE];
+    // Requests from an SRQ are checked against the SRQ's PD, which may differ from the QP's.
+    let pd = d.srq.map_or(d.pd, |s| s.pd);
+    let status = match resolve_recv(f, pd, &rx, &mut dst) {
+        None => Err((WcStatus::LocProtErr, WcStatus::RemOpErr)),
+        Some((_, cap)) if cap < need => Err((WcStatus::LocLenErr, WcStatus::RemInvReqErr)),
+        Some((n, _)) => {
+            if let Some(Some(g)) = grh {
+                copy_sg(&[Seg { ptr: g.as_ptr() as *mut u8, len: GRH_LEN }], &dst[..n], 0);
+                wc.wc_flags |= WcFlags::GRH;
+            }
+            if place_data {
+                copy_sg(src, &dst[..n], hdr);
+                wc.byte_len = need as u32;
+            } else {
+                wc.byte_len = total as u32;
+            }
+            Ok(())
+        }
+    };
+    st.rx = rx;
+    match status {
+        Ok(()) => {
+            push_recv_wc(f, d, wc);
+            Outcome::Done(WcStatus::Success, 0)
+        }
+        Err((local, remote)) => {
+            wc.status = local;
+            wc.byte_len = 0;
+            push_recv_wc(f, d, wc);
+            if d.qp_type != QpType::Ud {
+                to_error(f, d.idx, d.qpn);
+            }
+            Outcome::Done(if reliable { remote } else { WcStatus::Success }, 0)
+        }
+    }
+}
+
+/// Checks an rkey for a remote operation on `d`; returns the MR on success.
+fn remote_mr(f: &Fabric, d: &DestView, wr: &SendWr, need: AccessFlags) -> Option<super::mr::MrView> {
+    let mr = mr_lookup(f, wr.rkey)?;
+    let qp_access = AccessFlags::from_bits_truncate(f.qp_slot(d.idx).access.load(Ordering::Relaxed));
+    (mr.pd == d.pd && mr.access.contains(need) && qp_access.contains(need)).then_some(mr)
+}
+
+/// Runs one WQE. `src` are its local segments (gather list, or scatter list for READ and
+/// atomics), `total` their length.
+fn exec_wr(f: &Fabric, st: &mut SqState, wr: &SendWr, src: &[Seg], total: u64) -> Outcome {
+    let reliable = st.qp_type == QpType::Rc;
+    let lost = if reliable { Outcome::Block(BlockKind::Unreachable) } else { Outcome::Done(WcStatus::Success, 0) };
+    if st.qp_type == QpType::Ud {
+        return exec_ud(f, st, wr, src, total);
+    }
+    let Some(d) = dest(f, st, st.dest_qpn) else { return lost };
+    let ds = f.qp_slot(d.idx);
+    let state = QpState::from_u8(ds.state.load(Ordering::Acquire) as u8).unwrap_or(QpState::Error);
+    if !state.receives() || ds.dest_qpn.load(Ordering::Relaxed) != st.qpn || d.qp_type != st.qp_type {
+        return lost;
+    }
+    let fail = |s: WcStatus| Outcome::Done(if reliable { s } else { WcStatus::Success }, 0);
+    match wr.opcode {
+        WrOpcode::Send | WrOpcode::SendWithImm => deliver(f, st, &d, wr, src, total, None, true),
+        WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm => {
+            let Some(mr) = remote_mr(f, &d, wr, AccessFlags::REMOTE_WRITE) else { return fail(WcStatus::RemAccessErr) };
+            let Some(p) = mr.translate(f, wr.remote_addr, total) else { return fail(WcStatus::RemAccessErr) };
+            if wr.opcode == WrOpcode::RdmaWriteWithImm {
+                // The immediate needs a receive: check for one before any byte lands, so an
+                // RNR retry does not write twice.
+                let has_recv = d.srq.map_or_else(|| d.rq.is_some_and(|r| r.len() > 0), |s| s.ring.len() > 0);
+                if !has_recv {
+                    return if reliable { Outcome::Block(BlockKind::Rnr) } else { Outcome::Done(WcStatus::Success, 0) };
+                }
+            }
+            copy_sg(src, &[Seg { ptr: p, len: total as usize }], 0);
+            if wr.opcode == WrOpcode::RdmaWriteWithImm {
+                return deliver(f, st, &d, wr, src, total, None, false);
+            }
+            Outcome::Done(WcStatus::Success, 0)
+        }
+        WrOpcode::RdmaRead => {
+            let Some(mr) = remote_mr(f, &d, wr, AccessFlags::REMOTE_READ) else { return fail(WcStatus::RemAccessErr) };
+            let Some(p) = mr.translate(f, wr.remote_addr, total) else { return fail(WcStatus::RemAccessErr) };
+            copy_sg(&[Seg { ptr: p, len: total as usize }], src, 0);
+            Outcome::Done(WcStatus::Success, total as u32)
+        }
+        WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd => {
+            if wr.remote_addr % 8 != 0 {
+                return fail(WcStatus::RemInvReqErr);
+            }
+            let Some(mr) = remote_mr(f, &d, wr, AccessFlags::REMOTE_ATOMIC) else { return fail(WcStatus::RemAccessErr) };
+            let Some(a) = mr.fabric_offset(wr.remote_addr, 8).and_then(|off| atomic_u64_at(f, off)) else {
+                return fail(WcStatus::RemAccessErr);
+            };
+            let old = if wr.opcode == WrOpcode::AtomicFetchAndAdd {
+                a.fetch_add(wr.compare_add, Ordering::AcqRel)
+            } else {
+                a.compare_exchange(wr.compare_add, wr.swap, Ordering::AcqRel, Ordering::Acquire).unwrap_or_else(|v| v)
+            };
+            let bytes = old.to_ne_bytes();
+            copy_sg(&[Seg { ptr: bytes.as_ptr() as *mut u8, len: 8 }], src, 0);
+            Outcome::Done(WcStatus::Success, 8)
+        }
+        // Rejected at post time.
+        _ => Outcome::Done(WcStatus::LocQpOpErr, 0),
+    }
+}
+
+fn exec_ud(f: &Fabric, st: &mut SqState, wr: &SendWr, src: &[Seg], total: u64) -> Outcome {
+    let dropped = Outcome::Done(WcStatus::Success, 0);
+    let Some(d) = dest(f, st, wr.ud.remote_qpn) else { return dropped };
+    let ds = f.qp_slot(d.idx);
+    let state = QpState::from_u8(ds.state.load(Ordering::Acquire) as u8).unwrap_or(QpState::Error);
+    // A Q_Key with the high bit set means "use the QP's own Q_Key" (IB spec 10.2.4).
+    let qkey = if wr.ud.remote_qkey & 0x8000_0000 != 0 { st.qkey } else { wr.ud.remote_qkey };
+    if !state.receives() || d.qp_type != QpType::Ud || ds.qkey.load(Ordering::Relaxed) != qkey {
+        return dropped;
+    }
+    let global = wr.ud.ah.0 & AH_GLOBAL != 0;
+    let grh = global.then(|| {
+        let mut g = [0u8; GRH_LEN];
+        g[0] = 0x60; // IPv6-style version 6, traffic class and flow label 0
+        g[4..6].copy_from_slice(&(total as u16).to_be_bytes());
+        g[6] = 0x1b; // next header: IBA transport
+        g[7] = 64; // hop limit
+        g[8..24].copy_from_slice(&gid(f.fabric_id(), st.lid));
+        g[24..40].copy_from_slice(&gid(f.fabric_id(), (wr.ud.ah.0 & 0xffff) as u16));
+        g
+    });
+    let _ = d.lid;
+    deliver(f, st, &d, wr, src, total, Some(grh), true)
+}
+
+/// Marks an AH handle issued by the shm provider.
+pub(crate) const AH_VALID: u64 = 1 << 48;
+/// Marks an AH whose attributes ask for a GRH.
+pub(crate) const AH_GLOBAL: u64 = 1 << 32;
+
+/// Checks one send WR at post time and resolves its local memory. Returns the number of
+/// segments and the total length.
+#[inline]
+fn prepare(f: &Fabric, st: &SqState, wr: &SendWr, sges: &[Sge], inline: Option<&[u8]>, i: usize, segs: &mut [Seg; MAX_SGE]) -> std::result::Result<(usize, u64, bool), PostError> {
+    let op = wr.opcode;
+    if !op.allowed_on(st.qp_type) {
+        return Err(PostError::new(Errno::EINVAL, i, "opcode not allowed on this QP type (ibv_post_send(3) table)"));
+    }
+    if matches!(op, WrOpcode::LocalInv | WrOpcode::BindMw | WrOpcode::SendWithInv | WrOpcode::Tso) {
+        return Err(PostError::new(Errno::EOPNOTSUPP, i, "opcode not supported by the shm provider yet"));
+    }
+    if wr.flags.contains(SendFlags::IP_CSUM) {
+        return Err(PostError::new(Errno::EINVAL, i, "IBV_SEND_IP_CSUM: the device has no checksum offload"));
+    }
+    let is_inline = (wr.flags.contains(SendFlags::INLINE) || inline.is_some()) && op.inline_allowed();
+    let (n, total) = if let Some(bytes) = inline {
+        segs[0] = Seg { ptr: bytes.as_ptr() as *mut u8, len: bytes.len() };
+        (1, bytes.len() as u64)
+    } else {
+        if sges.len() > st.max_sge as usize {
+            return Err(PostError::new(Errno::EINVAL, i, "more SGEs than the QP's max_send_sge"));
+        }
+        if is_inline {
+            // The L_Key is not checked; the bytes must still be memory this process can read
+            // safely: the fabric.
+            let mut total = 0u64;
+            for (k, s) in sges.iter().enumerate() {
+                let Some(off) = f.offset_of(s.addr, s.length as u64) else {
+                    return Err(PostError::new(Errno::EINVAL, i, "inline SGE outside the fabric's memory"));
+                };
+                segs[k] = Seg { ptr: f.ptr(off, s.length as u64).unwrap_or(std::ptr::null_mut()), len: s.length as usize };
+                total += s.length as u64;
+            }
+            (sges.len(), total)
+        } else {
+            let need_write = matches!(op, WrOpcode::RdmaRead | WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd);
+            resolve_local(f, st.pd, sges, need_write, segs).map_err(|r| PostError::new(Errno::EINVAL, i, r))?
+        }
+    };
+    if is_inline && total > st.max_inline as u64 {
+        return Err(PostError::new(Errno::EINVAL, i, "inline data longer than the QP's max_inline_data"));
+    }
+    match op {
+        WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd if total != 8 => {
+            return Err(PostError::new(Errno::EINVAL, i, "atomic operations need an 8-byte local buffer"));
+        }
+        _ => {}
+    }
+    if st.qp_type == QpType::Ud {
+        if wr.ud.ah.0 & AH_VALID == 0 {
+            return Err(PostError::new(Errno::EINVAL, i, "UD send without a valid address handle"));
+        }
+        if total > SHM_MTU as u64 {
+            return Err(PostError::new(Errno::EINVAL, i, "UD message larger than the path MTU (4096)"));
+        }
+    } else if total > 1 << 31 {
+        return Err(PostError::new(Errno::EINVAL, i, "message larger than max_msg_sz (2^31)"));
+    }
+    Ok((n, total, is_inline))
+}
+
+/// `ibv_post_send` on the shm provider. See the module docs.
+#[inline]
+pub(crate) fn post_send(f: &Fabric, st: &mut SqState, chain: &SendChain) -> std::result::Result<(), PostError> {
+    let mut state = st.state();
+    if !state.accepts_post_send() {
+        return Err(PostError::new(Errno::EINVAL, 0, "QP is not ready to send (post_send needs RTS, SQD, SQE or ERROR)"));
+    }
+    if !st.pending.is_empty() {
+        run_pending(f, st);
+        state = st.state();
+    }
+    let mut retired = st.slot().sq_retired.load(Ordering::Acquire);
+    let mut segs = [Seg::default(); MAX_SGE];
+    for (i, wr) in chain.wrs().iter().enumerate() {
+        let sges = chain.sges_of(wr);
+        let inline = chain.inline_of(wr);
+        let (n, total, is_inline) = prepare(f, st, wr, sges, inline, i, &mut segs)?;
+        if st.posted.wrapping_sub(retired) >= st.depth {
+            retired = st.slot().sq_retired.load(Ordering::Acquire);
+            if st.posted.wrapping_sub(retired) >= st.depth {
+                return Err(PostError::new(Errno::ENOMEM, i, "send queue full (poll completions to free slots)"));
+            }
+        }
+        let wqe = st.posted;
+        st.posted = st.posted.wrapping_add(1);
+        if state == QpState::Error {
+            st.complete(wr, wqe, WcStatus::WrFlushErr, 0);
+            continue;
+        }
+        if !st.pending.is_empty() {
+            st.enqueue(wr, wqe, sges, is_inline.then_some(&segs[..n]));
+            continue;
+        }
+        match exec_wr(f, st, wr, &segs[..n], total) {
+            Outcome::Done(status, len) => {
+                finish(f, st, wr, wqe, status, len);
+                if status != WcStatus::Success {
+                    state = QpState::Error;
+                }
+            }
+            Outcome::Block(kind) => {
+                st.enqueue(wr, wqe, sges, is_inline.then_some(&segs[..n]));
+                st.blocked = Some(first_block(f, st, kind));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn finish(f: &Fabric, st: &mut SqState, wr: &SendWr, wqe: u32, status: WcStatus, len: u32) {
+    if status == WcStatus::Success {
+        if st.sig_all || wr.flags.contains(SendFlags::SIGNALED) {
+            st.complete(wr, wqe, status, len);
+        }
+    } else {
+        st.complete(wr, wqe, status, 0);
+        st.enter_error(f);
+    }
+}
+
+fn block_delay(f: &Fabric, st: &SqState, kind: BlockKind) -> Duration {
+    match kind {
+        BlockKind::Rnr => {
+            let code = st.dest.map_or(0, |d| f.qp_slot(d.idx).min_rnr_timer.load(Ordering::Relaxed) as u8);
+            Duration::from_nanos(rnr_timer_ns(code))
+        }
+        // An infinite ACK timeout would hang forever on hardware; here the WQE is retried
+        // every millisecond without using up retries.
+        BlockKind::Unreachable => Duration::from_nanos(st.timeout_ns.unwrap_or(1_000_000)),
+    }
+}
+
+fn first_block(f: &Fabric, st: &SqState, kind: BlockKind) -> Blocked {
+    let left = match kind {
+        BlockKind::Rnr => st.rnr_retry,
+        BlockKind::Unreachable => st.retry_cnt,
+    };
+    Blocked { kind, left, next_at: Instant::now() + block_delay(f, st, kind) }
+}
+
+/// Runs pending WQEs in order while the head can make progress.
+pub(crate) fn run_pending(f: &Fabric, st: &mut SqState) {
+    let mut segs = [Seg::default(); MAX_SGE];
+    while let Some(p) = st.pending.front().copied() {
+        let now = st.blocked.map(|b| (b, Instant::now()));
+        if let Some((b, now)) = now {
+            if now < b.next_at {
+                return;
+            }
+        }
+        let (n, total) = {
+            let (sges, inline) = st.pending_parts(&p);
+            match inline {
+                Some(bytes) => {
+                    segs[0] = Seg { ptr: bytes.as_ptr() as *mut u8, len: bytes.len() };
+                    (1, bytes.len() as u64)
+                }
+                None => {
+                    let need_write = matches!(p.wr.opcode, WrOpcode::RdmaRead | WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd);
+                    let sges: [Sge; MAX_SGE] = std::array::from_fn(|k| sges.get(k).copied().unwrap_or_default());
+                    match resolve_local(f, st.pd, &sges[..p.n_sge as usize], need_write, &mut segs) {
+                        Ok(v) => v,
+                        Err(_) => {
+                            st.pending.pop_front();
+                            finish(f, st, &p.wr, p.wqe, WcStatus::LocProtErr, 0);
+                            return;
+                        }
+                    }
+                }
+            }
+        };
+        match exec_wr(f, st, &p.wr, &segs[..n], total) {
+            Outcome::Done(status, len) => {
+                st.pending.pop_front();
+                st.blocked = None;
+                finish(f, st, &p.wr, p.wqe, status, len);
+                if status != WcStatus::Success {
+                    return;
+                }
+            }
+            Outcome::Block(kind) => {
+                let mut b = match st.blocked {
+                    Some(b) if b.kind == kind => b,
+                    _ => first_block(f, st, kind),
+                };
+                let forever = (kind == BlockKind::Rnr && st.rnr_retry == 7) || (kind == BlockKind::Unreachable && st.timeout_ns.is_none());
+                let peer_dead = st.dest.is_some_and(|d| !pid_alive(d.pid));
+                if peer_dead || (!forever && b.left == 0) {
+                    st.pending.pop_front();
+                    let status = if kind == BlockKind::Rnr && !peer_dead { WcStatus::RnrRetryExcErr } else { WcStatus::RetryExcErr };
+                    finish(f, st, &p.wr, p.wqe, status, 0);
+                    return;
+                }
+                if !forever {
+                    b.left -= 1;
+                }
+                b.next_at = Instant::now() + block_delay(f, st, kind);
+                st.blocked = Some(b);
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,462 @@
+//! A named fabric: one shared mapping that every attached process sees, holding the object
+//! tables and an arena for rings and registered memory.
+//!
+//! Control-path operations (attach, create and destroy objects, allocate arena space) take a
+//! fabric-wide lock: a word holding the owner's pid, stolen when that pid is dead so a crashed
+//! process cannot wedge the fabric. The data path never takes it.
+
+use super::layout::*;
+use super::ring::Ring;
+use crate::mem::{HugePolicy, Region};
+use crate::verbs::{Errno, Error, Result};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+/// Process-local handle of a mapped fabric.
+pub(crate) struct Fabric {
+    region: Region,
+    name: String,
+    base: *mut u8,
+    size: u64,
+    pid: u32,
+}
+
+// SAFETY: the mapping is shared memory accessed through atomics and bounds-checked raw
+// copies; the handle itself is immutable.
+unsafe impl Send for Fabric {}
+// SAFETY: as above.
+unsafe impl Sync for Fabric {}
+
+/// One mapping per fabric name per process: contexts of one process share it, so addresses
+/// registered through one context are valid for all.
+static REGISTRY: Mutex<Option<HashMap<String, Weak<Fabric>>>> = Mutex::new(None);
+
+pub(crate) fn pid_alive(pid: u32) -> bool {
+    if pid == 0 {
+        return false;
+    }
+    // SAFETY: kill with signal 0 only checks for existence.
+    let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// Guard of the fabric-wide control-path lock.
+pub(crate) struct FabricLock<'a> {
+    word: &'a AtomicU32,
+    pid: u32,
+}
+
+impl Drop for FabricLock<'_> {
+    fn drop(&mut self) {
+        let _ = self.word.compare_exchange(self.pid, 0, Ordering::Release, Ordering::Relaxed);
+    }
+}
+
+impl Fabric {
+    /// Attaches to fabric `name`, creating it with `size` bytes if it does not exist, and
+    /// registers a context slot for this process. Returns the fabric and the context index.
+    pub(crate) fn open(name: &str, size: usize, huge: HugePolicy) -> Result<(Arc<Fabric>, usize)> {
+        let mut reg = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
+        let map = reg.get_or_insert_with(HashMap::new);
+        if let Some(f) = map.get(name).and_then(Weak::upgrade) {
+            let ctx = f.alloc_ctx()?;
+            return Ok((f, ctx));
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            match Self::try_open(name, size, huge)? {
+                Some((f, ctx)) => {
+                    let f = Arc::new(f);
+                    map.insert(name.to_string(), Arc::downgrade(&f));
+                    return Ok((f, ctx));
+                }
+                None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(1)),
+                None => {
+                    return Err(Error::new(
+                        Errno::ETIMEDOUT,
+                        format!("fabric {name:?} stayed unusable for 5 s (being created or torn down by another process)"),
+                    ))
+                }
+            }
+        }
+    }
+
+    /// One attempt; `None` means "retry" (racing with another creator or a teardown).
+    fn try_open(name: &str, size: usize, huge: HugePolicy) -> Result<Option<(Fabric, usize)>> {
+        let min = tables().end + (4 << 20);
+        if size < min {
+            return Err(Error::new(Errno::EINVAL, format!("fabric size {size} is below the minimum of {min} bytes")));
+        }
+        match Region::create_shared(name, size, huge) {
+            Ok(region) => {
+                let f = Fabric::wrap(region, name);
+                f.init();
+                let ctx = f.alloc_ctx()?;
+                Ok(Some((f, ctx)))
+            }
+            Err(e) if e.errno == Errno::EEXIST => {
+                let region = match Region::open_shared(name) {
+                    Ok(r) => r,
+                    Err(e) if matches!(e.errno, Errno::ENOENT | Errno::EAGAIN) => return Ok(None),
+                    Err(e) => return Err(e),
+                };
+                let f = Fabric::wrap(region, name);
+                if (f.region.len() as u64) < tables().end as u64 {
+                    return Ok(None);
+                }
+                if f.hdr().magic.load(Ordering::Acquire) != MAGIC {
+                    return Ok(None); // creator still initialising
+                }
+                if f.hdr().version.load(Ordering::Relaxed) != VERSION {
+                    return Err(Error::new(
+                        Errno::EINVAL,
+                        format!("fabric {name:?} has layout version {}, this build needs {VERSION}; remove it with `rm /dev/shm/dataplane.{name}` once no process uses it", f.hdr().version.load(Ordering::Relaxed)),
+                    ));
+                }
+                let lock = f.lock();
+                if f.hdr().dead.load(Ordering::Relaxed) != 0 {
+                    return Ok(None);
+                }
+                let stale = f.hdr().ctx_ever.load(Ordering::Relaxed) > 0
+                    && (0..MAX_CTX).all(|i| !pid_alive(f.ctx_slot(i).pid.load(Ordering::Relaxed)));
+                if stale {
+                    // Left over by processes that all died: start afresh.
+                    f.hdr().dead.store(1, Ordering::Relaxed);
+                    f.region.unlink();
+                    drop(lock);
+                    return Ok(None);
+                }
+                drop(lock);
+                let ctx = f.alloc_ctx()?;
+                Ok(Some((f, ctx)))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn wrap(region: Region, name: &str) -> Fabric {
+        Fabric {
+            base: region.as_ptr(),
+            size: region.len() as u64,
+            region,
+            name: name.to_string(),
+            pid: std::process::id(),
+        }
+    }
+
+    fn init(&self) {
+        let h = self.hdr();
+        let t = tables();
+        h.version.store(VERSION, Ordering::Relaxed);
+        h.size.store(self.size, Ordering::Relaxed);
+        let id = (std::process::id() as u64) << 32 ^ Instant::now().elapsed().as_nanos() as u64 ^ self.base as u64;
+        h.fabric_id.store(id, Ordering::Relaxed);
+        h.arena_start.store(t.end as u64, Ordering::Relaxed);
+        h.arena_bump.store(t.end as u64, Ordering::Relaxed);
+        h.arena_end.store(self.size, Ordering::Relaxed);
+        h.next_pd.store(1, Ordering::Relaxed);
+        // Publish: attachers wait for the magic.
+        h.magic.store(MAGIC, Ordering::Release);
+    }
+
+    /// The fabric's name.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// What backs the fabric.
+    pub(crate) fn region(&self) -> &Region {
+        &self.region
+    }
+
+    pub(crate) fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    pub(crate) fn hdr(&self) -> &Header {
+        // SAFETY: the header is at offset 0 of a mapping at least `tables().end` long, and
+        // holds only atomics.
+        unsafe { &*(self.base as *const Header) }
+    }
+
+    fn table<T>(&self, off: usize, idx: usize) -> &T {
+        // SAFETY: callers pass `idx` below the table's length (checked by the accessors);
+        // tables lie inside the mapping and hold only atomics.
+        unsafe { &*(self.base.add(off + idx * std::mem::size_of::<T>()) as *const T) }
+    }
+
+    pub(crate) fn ctx_slot(&self, idx: usize) -> &CtxSlot {
+        assert!(idx < MAX_CTX);
+        self.table(tables().ctx, idx)
+    }
+    pub(crate) fn qp_slot(&self, idx: usize) -> &QpSlot {
+        assert!(idx < MAX_QP);
+        self.table(tables().qp, idx)
+    }
+    pub(crate) fn cq_slot(&self, idx: usize) -> &CqSlot {
+        assert!(idx < MAX_CQ);
+        self.table(tables().cq, idx)
+    }
+    pub(crate) fn srq_slot(&self, idx: usize) -> &SrqSlot {
+        assert!(idx < MAX_SRQ);
+        self.table(tables().srq, idx)
+    }
+    pub(crate) fn mr_slot(&self, idx: usize) -> &MrSlot {
+        assert!(idx < MAX_MR);
+        self.table(tables().mr, idx)
+    }
+
+    /// Takes the control-path lock, stealing it from a dead holder.
+    pub(crate) fn lock(&self) -> FabricLock<'_> {
+        let word = &self.hdr().lock;
+        let mut spins = 0u32;
+        loop {
+            match word.compare_exchange_weak(0, self.pid, Ordering::Acquire, Ordering::Relaxed) {
+                Ok(_) => return FabricLock { word, pid: self.pid },
+                Err(holder) => {
+                    spins += 1;
+                    if spins % 1024 == 0 && holder != 0 && holder != self.pid && !pid_alive(holder) {
+                        if word.compare_exchange(holder, self.pid, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+                            return FabricLock { word, pid: self.pid };
+                        }
+                    } else if spins > 64 {
+                        std::thread::yield_now();
+                    }
+                }
+            }
+        }
+    }
+
+    /// A pointer to `len` bytes at arena offset `off`, if the whole range is inside the
+    /// arena. This is the one bounds check every peer-supplied offset goes through.
+    #[inline]
+    pub(crate) fn ptr(&self, off: u64, len: u64) -> Option<*mut u8> {
+        let start = tables().end as u64;
+        let end = off.checked_add(len)?;
+        if off < start || end > self.size {
+            return None;
+        }
+        // SAFETY: [off, off+len) is inside the mapping (checked above).
+        Some(unsafe { self.base.add(off as usize) })
+    }
+
+    /// The fabric offset of a local address, if it lies inside the arena.
+    pub(crate) fn offset_of(&self, addr: u64, len: u64) -> Option<u64> {
+        let off = addr.checked_sub(self.base as u64)?;
+        self.ptr(off, len).map(|_| off)
+    }
+
+    /// Allocates `len` bytes aligned to 128 from the arena.
+    pub(crate) fn alloc(&self, len: u64) -> Result<u64> {
+        let len = len.div_ceil(128) * 128;
+        let _l = self.lock();
+        let h = self.hdr();
+        let n = h.n_extents.load(Ordering::Relaxed) as usize;
+        for i in 0..n.min(MAX_EXTENTS) {
+            let e = &h.extents[i];
+            let (off, elen) = (e.off.load(Ordering::Relaxed), e.len.load(Ordering::Relaxed));
+            if elen >= len {
+                if elen == len {
+                    let last = &h.extents[n - 1];
+                    e.off.store(last.off.load(Ordering::Relaxed), Ordering::Relaxed);
+                    e.len.store(last.len.load(Ordering::Relaxed), Ordering::Relaxed);
+                    h.n_extents.store(n as u32 - 1, Ordering::Relaxed);
+                } else {
+                    e.off.store(off + len, Ordering::Relaxed);
+                    e.len.store(elen - len, Ordering::Relaxed);
+                }
+                return Ok(off);
+            }
+        }
+        let bump = h.arena_bump.load(Ordering::Relaxed);
+        if bump + len > h.arena_end.load(Ordering::Relaxed).min(self.size) {
+            return Err(Error::new(
+                Errno::ENOSPC,
+                format!(
+                    "fabric {:?} is out of memory ({} bytes requested, {} left of {}); create it with a larger size",
+                    self.name,
+                    len,
+                    self.size.saturating_sub(bump),
+                    self.size
+                ),
+            ));
+        }
+        h.arena_bump.store(bump + len, Ordering::Relaxed);
+        Ok(bump)
+    }
+
+    /// Returns arena space (coalescing with the bump pointer and adjacent free ranges).
+    pub(crate) fn free(&self, off: u64, len: u64) {
+        let mut off = off;
+        let mut len = len.div_ceil(128) * 128;
+        let _l = self.lock();
+        let h = self.hdr();
+        // Merge with neighbours.
+        let mut i = 0;
+        while i < (h.n_extents.load(Ordering::Relaxed) as usize).min(MAX_EXTENTS) {
+            let e = &h.extents[i];
+            let (eo, el) = (e.off.load(Ordering::Relaxed), e.len.load(Ordering::Relaxed));
+            if eo + el == off || off + len == eo {
+                off = off.min(eo);
+                len += el;
+                let n = h.n_extents.load(Ordering::Relaxed) as usize;
+                let last = &h.extents[n - 1];
+                e.off.store(last.off.load(Ordering::Relaxed), Ordering::Relaxed);
+                e.len.store(last.len.load(Ordering::Relaxed), Ordering::Relaxed);
+                h.n_extents.store(n as u32 - 1, Ordering::Relaxed);
+                continue;
+            }
+            i += 1;
+        }
+        if off + len == h.arena_bump.load(Ordering::Relaxed) {
+            h.arena_bump.store(off, Ordering::Relaxed);
+            return;
+        }
+        let n = h.n_extents.load(Ordering::Relaxed) as usize;
+        if n < MAX_EXTENTS {
+            h.extents[n].off.store(off, Ordering::Relaxed);
+            h.extents[n].len.store(len, Ordering::Relaxed);
+            h.n_extents.store(n as u32 + 1, Ordering::Relaxed);
+        } // else: leaked until the fabric is recreated (free list full).
+    }
+
+    /// Initialises a ring of `cap` cells of `stride` bytes at arena offset `off`.
+    pub(crate) fn init_ring(&self, off: u64, cap: usize, stride: usize) -> Result<Ring> {
+        let p = self.ring_ptr(off, cap, stride)?;
+        // SAFETY: the range is inside the arena, freshly allocated by us and not yet published.
+        Ok(unsafe { Ring::init(p, cap, stride) })
+    }
+
+    /// A view of the ring at `off`, after checking the whole ring lies in the arena.
+    pub(crate) fn ring(&self, off: u64, cap: usize, stride: usize) -> Result<Ring> {
+        let p = self.ring_ptr(off, cap, stride)?;
+        // SAFETY: the range is inside the arena (checked), which stays mapped while `self`
+        // lives; callers keep an Arc<Fabric> next to the view.
+        Ok(unsafe { Ring::attach(p, cap, stride) })
+    }
+
+    fn ring_ptr(&self, off: u64, cap: usize, stride: usize) -> Result<*mut u8> {
+        if !cap.is_power_of_two() || stride < 8 || stride % 8 != 0 || off % 128 != 0 {
+            return Err(Error::new(Errno::EFAULT, "corrupt ring geometry in the fabric"));
+        }
+        self.ptr(off, Ring::bytes(cap, stride) as u64)
+            .ok_or_else(|| Error::new(Errno::EFAULT, "ring outside the fabric arena"))
+    }
+
+    fn alloc_ctx(&self) -> Result<usize> {
+        let events_len = Ring::bytes(EVENT_RING_CAP, EVENT_STRIDE) as u64;
+        let events_off = self.alloc(events_len)?;
+        self.init_ring(events_off, EVENT_RING_CAP, EVENT_STRIDE)?;
+        let _l = self.lock();
+        for i in 0..MAX_CTX {
+            let s = self.ctx_slot(i);
+            let pid = s.pid.load(Ordering::Relaxed);
+            if pid == 0 || !pid_alive(pid) {
+                s.gen.fetch_add(1, Ordering::Relaxed);
+                s.events_off.store(events_off, Ordering::Relaxed);
+                s.pid.store(self.pid, Ordering::Release);
+                self.hdr().ctx_ever.fetch_add(1, Ordering::Relaxed);
+                return Ok(i);
+            }
+        }
+        drop(_l);
+        self.free(events_off, events_len);
+        Err(Error::new(Errno::ENOMEM, format!("fabric {:?} has {MAX_CTX} contexts attached already", self.name)))
+    }
+
+    /// Releases a context slot; the last live context tears the fabric down.
+    pub(crate) fn free_ctx(&self, idx: usize) {
+        let s = self.ctx_slot(idx);
+        let off = s.events_off.load(Ordering::Relaxed);
+        self.free(off, Ring::bytes(EVENT_RING_CAP, EVENT_STRIDE) as u64);
+        let _l = self.lock();
+        s.pid.store(0, Ordering::Release);
+        let alive = (0..MAX_CTX).any(|i| pid_alive(self.ctx_slot(i).pid.load(Ordering::Relaxed)));
+        if !alive {
+            self.hdr().dead.store(1, Ordering::Relaxed);
+            self.region.unlink();
+        }
+    }
+
+    /// The async event ring of context `idx`.
+    pub(crate) fn event_ring(&self, idx: usize) -> Option<Ring> {
+        if idx >= MAX_CTX {
+            return None;
+        }
+        let off = self.ctx_slot(idx).events_off.load(Ordering::Relaxed);
+        self.ring(off, EVENT_RING_CAP, EVENT_STRIDE).ok()
+    }
+
+    /// Queues an async event for context `idx` (dropped if its ring is full, like a NIC's
+    /// event queue overrun).
+    pub(crate) fn post_event(&self, idx: usize, kind: u32, element: u32) {
+        if let Some(r) = self.event_ring(idx) {
+            r.push(|p| {
+                // SAFETY: event cells have 8 payload bytes.
+                unsafe {
+                    (p as *mut u32).write_unaligned(kind);
+                    (p.add(4) as *mut u32).write_unaligned(element);
+                }
+            });
+        }
+    }
+
+    /// Finds a free slot in a table under the lock: free means key 0, or owned by a dead
+    /// process (reclaimed). Returns the index and the new generation.
+    pub(crate) fn claim_slot<'a>(
+        &'a self,
+        max: usize,
+        key: impl Fn(usize) -> (&'a AtomicU32, &'a AtomicU32, u32),
+        what: &str,
+    ) -> Result<(usize, u32)> {
+        for i in 0..max {
+            let (k, gen, owner_pid) = key(i);
+            if k.load(Ordering::Relaxed) == 0 || (owner_pid != 0 && !pid_alive(owner_pid)) {
+                // Generations start at 1 so keys are never 0, and wrap within 16 bits.
+                let g = (gen.load(Ordering::Relaxed) % 0x3fff) + 1;
+                gen.store(g, Ordering::Relaxed);
+                k.store(0, Ordering::Relaxed);
+                return Ok((i, g));
+            }
+        }
+        Err(Error::new(Errno::ENOMEM, format!("fabric {:?}: all {max} {what} slots are in use", self.name)))
+    }
+
+    /// A unique protection-domain number.
+    pub(crate) fn next_pd(&self) -> u32 {
+        self.hdr().next_pd.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Random identity of this fabric (used in GIDs).
+    pub(crate) fn fabric_id(&self) -> u64 {
+        self.hdr().fabric_id.load(Ordering::Relaxed)
+    }
+
+    /// Total bytes of the mapping.
+    pub(crate) fn size(&self) -> u64 {
+        self.size
+    }
+}
+
+impl Drop for Fabric {
+    fn drop(&mut self) {
+        let mut reg = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(map) = reg.as_mut() {
+            if map.get(&self.name).is_some_and(|w| w.strong_count() == 0) {
+                map.remove(&self.name);
+            }
+        }
+    }
+}
+
+/// An atomic u64 at a fabric offset, after a bounds and alignment check (remote atomics).
+pub(crate) fn atomic_u64_at(f: &Fabric, off: u64) -> Option<&AtomicU64> {
+    if off % 8 != 0 {
+        return None;
+    }
+    // SAFETY: 8 bytes inside the arena (checked by `ptr`), 8-byte aligned (checked above);
+    // every concurrent access to remote-atomic targets goes through atomics.
+    f.ptr(off, 8).map(|p| unsafe { &*(p as *const AtomicU64) })
+}

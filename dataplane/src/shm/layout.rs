@@ -1,0 +1,206 @@
+//! The byte layout of a fabric: a header, fixed tables of object slots, then an arena for
+//! rings and user memory. Everything is addressed by offsets from the fabric's start, because
+//! every process maps the fabric at its own address.
+//!
+//! Every field a peer can read is an atomic. A slot is published by storing its key (QPN, CQN,
+//! SRQN, MR key) last with Release; readers load the key with Acquire, read the fields, and
+//! check the key again (a seqlock without the odd/even bit: keys carry a generation, so a slot
+//! freed and reused in between shows a different key).
+
+use std::sync::atomic::{AtomicU32, AtomicU64};
+
+/// "dpfabric" in ASCII.
+pub(crate) const MAGIC: u64 = 0x6470_6661_6272_6963;
+/// Layout version; a fabric of another version is refused.
+pub(crate) const VERSION: u32 = 1;
+
+/// Contexts (attached "ports") per fabric.
+pub(crate) const MAX_CTX: usize = 64;
+/// QPs per fabric (QPN = generation << 10 | index).
+pub(crate) const MAX_QP: usize = 1024;
+/// CQs per fabric.
+pub(crate) const MAX_CQ: usize = 1024;
+/// SRQs per fabric.
+pub(crate) const MAX_SRQ: usize = 256;
+/// MRs per fabric (key = generation << 12 | index).
+pub(crate) const MAX_MR: usize = 4096;
+/// Free-list entries of the arena allocator.
+pub(crate) const MAX_EXTENTS: usize = 1024;
+/// Entries in each context's async event ring.
+pub(crate) const EVENT_RING_CAP: usize = 256;
+
+pub(crate) const QP_IDX_BITS: u32 = 10;
+pub(crate) const CQ_IDX_BITS: u32 = 10;
+pub(crate) const SRQ_IDX_BITS: u32 = 8;
+pub(crate) const MR_IDX_BITS: u32 = 12;
+
+/// A free range of the arena.
+#[repr(C)]
+pub(crate) struct Extent {
+    pub off: AtomicU64,
+    pub len: AtomicU64,
+}
+
+/// The fabric header.
+#[repr(C, align(128))]
+pub(crate) struct Header {
+    pub magic: AtomicU64,
+    pub version: AtomicU32,
+    /// Set when the fabric is being torn down: attachers must retry.
+    pub dead: AtomicU32,
+    pub size: AtomicU64,
+    /// Random identity, used in GIDs.
+    pub fabric_id: AtomicU64,
+    /// pid of the process holding the control-path lock, 0 when free.
+    pub lock: AtomicU32,
+    /// Contexts ever attached (a fabric with some, none alive, is stale).
+    pub ctx_ever: AtomicU32,
+    pub next_pd: AtomicU32,
+    pub n_extents: AtomicU32,
+    pub arena_start: AtomicU64,
+    pub arena_bump: AtomicU64,
+    pub arena_end: AtomicU64,
+    pub extents: [Extent; MAX_EXTENTS],
+}
+
+/// An attached context (one "port" of the fabric).
+#[repr(C, align(64))]
+pub(crate) struct CtxSlot {
+    pub pid: AtomicU32,
+    pub gen: AtomicU32,
+    /// Offset of the async event ring.
+    pub events_off: AtomicU64,
+}
+
+/// A QP as its peers see it. The first line is read by remote senders; `sq_retired` is written
+/// by the owner's CQ poll and sits on its own line.
+#[repr(C, align(128))]
+pub(crate) struct QpSlot {
+    pub qpn: AtomicU32,
+    pub state: AtomicU32,
+    pub qp_type: AtomicU32,
+    pub ctx: AtomicU32,
+    pub pid: AtomicU32,
+    pub pd: AtomicU32,
+    pub recv_cqn: AtomicU32,
+    pub srqn: AtomicU32,
+    pub rq_off: AtomicU64,
+    pub rq_cap: AtomicU32,
+    pub rq_sge: AtomicU32,
+    pub qkey: AtomicU32,
+    pub dest_qpn: AtomicU32,
+    pub min_rnr_timer: AtomicU32,
+    pub access: AtomicU32,
+    pub lid: AtomicU32,
+    pub gen: AtomicU32,
+    pub _pad: [u8; 56],
+    pub sq_retired: AtomicU32,
+}
+
+/// A CQ.
+#[repr(C, align(64))]
+pub(crate) struct CqSlot {
+    pub cqn: AtomicU32,
+    pub ctx: AtomicU32,
+    pub pid: AtomicU32,
+    pub cap: AtomicU32,
+    pub ring_off: AtomicU64,
+    /// Set when a producer found the CQ full: the CQ is in error.
+    pub overrun: AtomicU32,
+    pub gen: AtomicU32,
+}
+
+/// An SRQ.
+#[repr(C, align(64))]
+pub(crate) struct SrqSlot {
+    pub srqn: AtomicU32,
+    pub ctx: AtomicU32,
+    pub pid: AtomicU32,
+    pub pd: AtomicU32,
+    pub cap: AtomicU32,
+    pub max_sge: AtomicU32,
+    pub ring_off: AtomicU64,
+    /// Armed limit (0 = disarmed).
+    pub limit: AtomicU32,
+    pub gen: AtomicU32,
+}
+
+/// A memory region.
+#[repr(C, align(64))]
+pub(crate) struct MrSlot {
+    pub key: AtomicU32,
+    pub pd: AtomicU32,
+    pub ctx: AtomicU32,
+    pub access: AtomicU32,
+    /// Address of the first byte in the registering process.
+    pub va: AtomicU64,
+    /// Offset of the first byte in the fabric.
+    pub off: AtomicU64,
+    pub len: AtomicU64,
+    pub gen: AtomicU32,
+}
+
+/// A receive request in an RQ/SRQ ring: `wr_id`, SGE count, then SGEs as (addr, length, lkey).
+pub(crate) const RECV_HDR_LEN: usize = 16;
+/// Bytes per receive SGE in a ring cell.
+pub(crate) const RECV_SGE_LEN: usize = 16;
+
+/// Ring cell stride (8-byte sequence + payload) for receive requests with `max_sge` SGEs.
+pub(crate) fn recv_stride(max_sge: u32) -> usize {
+    8 + RECV_HDR_LEN + RECV_SGE_LEN * max_sge.max(1) as usize
+}
+
+/// CQ ring cells are one cache line: 8-byte sequence + 56-byte CQE.
+pub(crate) const CQE_STRIDE: usize = 64;
+/// Event ring cells: sequence + kind + element.
+pub(crate) const EVENT_STRIDE: usize = 16;
+
+/// Offsets of the tables, from the fabric start.
+pub(crate) struct Tables {
+    pub ctx: usize,
+    pub qp: usize,
+    pub cq: usize,
+    pub srq: usize,
+    pub mr: usize,
+    pub end: usize,
+}
+
+/// Where each table lives.
+pub(crate) const fn tables() -> Tables {
+    const fn align(x: usize, a: usize) -> usize {
+        x.div_ceil(a) * a
+    }
+    let ctx = align(std::mem::size_of::<Header>(), 4096);
+    let qp = align(ctx + MAX_CTX * std::mem::size_of::<CtxSlot>(), 4096);
+    let cq = align(qp + MAX_QP * std::mem::size_of::<QpSlot>(), 4096);
+    let srq = align(cq + MAX_CQ * std::mem::size_of::<CqSlot>(), 4096);
+    let mr = align(srq + MAX_SRQ * std::mem::size_of::<SrqSlot>(), 4096);
+    let end = align(mr + MAX_MR * std::mem::size_of::<MrSlot>(), 2 << 20);
+    Tables { ctx, qp, cq, srq, mr, end }
+}
+
+/// Builds a key from a generation and an index.
+pub(crate) fn make_key(gen: u32, idx: usize, bits: u32) -> u32 {
+    (gen << bits) | idx as u32
+}
+
+/// The index part of a key.
+pub(crate) fn key_index(key: u32, bits: u32) -> usize {
+    (key & ((1 << bits) - 1)) as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_have_the_intended_sizes() {
+        assert_eq!(std::mem::size_of::<QpSlot>(), 128);
+        assert_eq!(std::mem::size_of::<CqSlot>(), 64);
+        assert_eq!(std::mem::size_of::<SrqSlot>(), 64);
+        assert_eq!(std::mem::size_of::<MrSlot>(), 64);
+        assert_eq!(std::mem::size_of::<CtxSlot>(), 64);
+        let t = tables();
+        assert!(t.end <= 4 << 20, "tables take {} bytes", t.end);
+    }
+}

@@ -1,0 +1,631 @@
+//! Queue pairs of the `shm` provider: the state machine, `post_recv`, and `post_send`, whose
+//! doorbell executes the chain on the poster's CPU (see [`super::exec`]).
+//!
+//! The send queue is private to the owning process. Its slots are accounted like hardware's:
+//! a WQE occupies its slot from `post_send` until a completion of it (or of a later WQE of the
+//! same QP) is polled, so selective signaling fills the queue exactly as on a real NIC.
+
+use super::cq::{cq_ring, push_cqe, CqShared, Cqe};
+use super::exec::{Blocked, Seg};
+use super::fabric::Fabric;
+use super::layout::*;
+use super::mr::{mr_lookup, PdInner};
+use super::recvq::{self, RecvEntry, MAX_SGE};
+use super::ring::Ring;
+use super::srq::SrqShared;
+use super::CtxInner;
+use crate::verbs::*;
+use std::cell::UnsafeCell;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// MTU of the shm "link": the largest UD message.
+pub(crate) const SHM_MTU: u32 = 4096;
+
+/// A queue pair of the `shm` provider.
+pub struct ShmQp {
+    pub(crate) sq: Arc<SqCell>,
+    rq: Option<(Ring, u64, u64)>,
+    /// Keeps the SRQ alive while this QP may take from it.
+    _srq: Option<Arc<SrqShared>>,
+    recv_cq: Arc<CqShared>,
+    pd: Arc<PdInner>,
+    idx: usize,
+    qpn: u32,
+    qp_type: QpType,
+    caps: QpCaps,
+}
+
+/// The send queue, shared between the QP handle (posting) and its send CQ (progress in poll).
+/// An uncontended spin flag serialises the two; in the intended one-thread-per-worker use it
+/// is never contended (rdma-core's providers take a spinlock in post_send the same way).
+pub(crate) struct SqCell {
+    busy: AtomicBool,
+    st: UnsafeCell<SqState>,
+}
+
+// SAFETY: `st` is only accessed while `busy` is held (Acquire on take, Release on give).
+unsafe impl Sync for SqCell {}
+// SAFETY: SqState holds Arcs and raw views of shared memory, all Send.
+unsafe impl Send for SqCell {}
+
+pub(crate) struct SqGuard<'a> {
+    cell: &'a SqCell,
+}
+
+impl std::ops::Deref for SqGuard<'_> {
+    type Target = SqState;
+    fn deref(&self) -> &SqState {
+        // SAFETY: the guard holds `busy`, so no other reference to `st` exists.
+        unsafe { &*self.cell.st.get() }
+    }
+}
+
+impl std::ops::DerefMut for SqGuard<'_> {
+    fn deref_mut(&mut self) -> &mut SqState {
+        // SAFETY: as in `deref`.
+        unsafe { &mut *self.cell.st.get() }
+    }
+}
+
+impl Drop for SqGuard<'_> {
+    fn drop(&mut self) {
+        self.cell.busy.store(false, Ordering::Release);
+    }
+}
+
+impl SqCell {
+    #[inline]
+    pub(crate) fn lock(&self) -> SqGuard<'_> {
+        while self.busy.swap(true, Ordering::Acquire) {
+            std::hint::spin_loop();
+        }
+        SqGuard { cell: self }
+    }
+
+    pub(crate) fn try_lock(&self) -> Option<SqGuard<'_>> {
+        (!self.busy.swap(true, Ordering::Acquire)).then_some(SqGuard { cell: self })
+    }
+
+    /// Progress from a CQ poll: skipped if the owner is posting right now (it progresses
+    /// the queue itself).
+    pub(crate) fn try_progress(&self) {
+        if let Some(mut g) = self.try_lock() {
+            g.progress();
+        }
+    }
+}
+
+/// A WQE waiting behind an RNR or a retry.
+#[derive(Clone, Copy)]
+pub(crate) struct Pending {
+    pub wr: SendWr,
+    pub wqe: u32,
+    pub n_sge: u32,
+    /// Bytes of inline data stored in the slot's inline buffer.
+    pub inline_len: Option<u32>,
+}
+
+pub(crate) struct SqState {
+    pub(crate) ctx: Arc<CtxInner>,
+    pub(crate) send_cq: Arc<CqShared>,
+    pub(crate) qpn: u32,
+    pub(crate) idx: usize,
+    pub(crate) qp_type: QpType,
+    pub(crate) pd: u32,
+    pub(crate) lid: u16,
+    pub(crate) sig_all: bool,
+    pub(crate) depth: u32,
+    pub(crate) max_sge: u32,
+    pub(crate) max_inline: u32,
+    pub(crate) posted: u32,
+    pub(crate) dest_qpn: u32,
+    pub(crate) qkey: u32,
+    pub(crate) retry_cnt: u8,
+    pub(crate) rnr_retry: u8,
+    pub(crate) timeout_ns: Option<u64>,
+    pub(crate) pending: VecDeque<Pending>,
+    pend_sges: Vec<Sge>,
+    pend_inline: Vec<u8>,
+    pub(crate) blocked: Option<Blocked>,
+    registered_pending: bool,
+    pub(crate) dest: Option<super::exec::DestView>,
+    /// Scratch receive entry (kept here to stay off the stack in the hot path).
+    pub(crate) rx: RecvEntry,
+}
+
+impl SqState {
+    pub(crate) fn fabric(&self) -> &Fabric {
+        &self.ctx.fabric
+    }
+
+    pub(crate) fn slot(&self) -> &QpSlot {
+        self.ctx.fabric.qp_slot(self.idx)
+    }
+
+    pub(crate) fn state(&self) -> QpState {
+        QpState::from_u8(self.slot().state.load(Ordering::Acquire) as u8).unwrap_or(QpState::Error)
+    }
+
+    /// Pushes a completion for send WQE `wqe` into our send CQ.
+    #[inline]
+    pub(crate) fn complete(&self, wr: &SendWr, wqe: u32, status: WcStatus, byte_len: u32) {
+        let cqe = Cqe {
+            wc: WorkCompletion {
+                wr_id: wr.wr_id,
+                status,
+                opcode: wr.opcode.wc_opcode(),
+                byte_len,
+                qp_num: self.qpn,
+                ..Default::default()
+            },
+            retire: Some(wqe),
+        };
+        push_cqe(self.fabric(), &self.send_cq.ring, self.send_cq.cqn, &cqe);
+    }
+
+    fn set_pending_registered(&mut self, on: bool) {
+        if on != self.registered_pending {
+            self.registered_pending = on;
+            if on {
+                self.send_cq.pending_qps.fetch_add(1, Ordering::Relaxed);
+            } else {
+                self.send_cq.pending_qps.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Stores a WQE at the back of the pending queue, copying its SGEs (or inline bytes).
+    pub(crate) fn enqueue(&mut self, wr: &SendWr, wqe: u32, src: &[Sge], inline: Option<&[Seg]>) {
+        let slot = (wqe % self.depth) as usize;
+        let inline_len = inline.map(|segs| {
+            let m = self.max_inline as usize;
+            let mut at = slot * m;
+            for s in segs {
+                // SAFETY: inline segments point into the fabric (bounds-checked) or the chain's
+                // own bytes, and their total was checked against max_inline_data, so the
+                // destination stays inside this slot's buffer.
+                unsafe { std::ptr::copy(s.ptr, self.pend_inline[at..at + s.len].as_mut_ptr(), s.len) };
+                at += s.len;
+            }
+            (at - slot * m) as u32
+        });
+        let m = self.max_sge as usize;
+        let n = if inline.is_some() { 0 } else { src.len() };
+        self.pend_sges[slot * m..slot * m + n].copy_from_slice(&src[..n]);
+        self.pending.push_back(Pending { wr: *wr, wqe, n_sge: n as u32, inline_len });
+        self.set_pending_registered(true);
+    }
+
+    pub(crate) fn pending_parts(&self, p: &Pending) -> (&[Sge], Option<&[u8]>) {
+        let slot = (p.wqe % self.depth) as usize;
+        let m = self.max_sge as usize;
+        let sges = &self.pend_sges[slot * m..slot * m + p.n_sge as usize];
+        let inline = p.inline_len.map(|l| {
+            let mi = self.max_inline as usize;
+            &self.pend_inline[slot * mi..slot * mi + l as usize]
+        });
+        (sges, inline)
+    }
+
+    /// Completes every pending WQE with a flush error.
+    pub(crate) fn flush_pending(&mut self) {
+        while let Some(p) = self.pending.pop_front() {
+            self.complete(&p.wr, p.wqe, WcStatus::WrFlushErr, 0);
+        }
+        self.blocked = None;
+        self.set_pending_registered(false);
+    }
+
+    /// Moves this QP to ERROR (from any state but RESET) and flushes what it owns.
+    pub(crate) fn enter_error(&mut self, f: &Fabric) {
+        to_error(f, self.idx, self.qpn);
+        self.flush_pending();
+    }
+
+    /// Retries the head of the pending queue if its timer expired; runs what follows.
+    pub(crate) fn progress(&mut self) {
+        if self.state() == QpState::Error {
+            self.flush_pending();
+            return;
+        }
+        let f = self.ctx.fabric.clone();
+        super::exec::run_pending(&f, self);
+        if self.pending.is_empty() {
+            self.set_pending_registered(false);
+        }
+    }
+}
+
+/// Moves QP `idx` to ERROR (unless in RESET) and flushes its receive queue (any process may
+/// do this: the sender that found the error, or the owner). QPs on an SRQ get
+/// `IBV_EVENT_QP_LAST_WQE_REACHED` instead.
+pub(crate) fn to_error(f: &Fabric, idx: usize, qpn: u32) {
+    let s = f.qp_slot(idx);
+    if s.qpn.load(Ordering::Acquire) != qpn {
+        return;
+    }
+    let mut cur = s.state.load(Ordering::Acquire);
+    loop {
+        if cur == QpState::Error as u32 || cur == QpState::Reset as u32 {
+            return;
+        }
+        match s.state.compare_exchange(cur, QpState::Error as u32, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => break,
+            Err(c) => cur = c,
+        }
+    }
+    let ctx = s.ctx.load(Ordering::Relaxed) as usize;
+    if s.srqn.load(Ordering::Relaxed) != 0 {
+        f.post_event(ctx, super::EVENT_QP_LAST_WQE, qpn);
+    } else {
+        flush_rq(f, s, qpn);
+    }
+}
+
+/// Completes every request in QP `qpn`'s receive queue with a flush error.
+fn flush_rq(f: &Fabric, s: &QpSlot, qpn: u32) {
+    let cap = s.rq_cap.load(Ordering::Relaxed) as usize;
+    let sge = s.rq_sge.load(Ordering::Relaxed).min(MAX_SGE as u32);
+    let Ok(rq) = f.ring(s.rq_off.load(Ordering::Relaxed), cap, recv_stride(sge)) else { return };
+    let Some(cq) = cq_ring(f, s.recv_cqn.load(Ordering::Relaxed)) else { return };
+    let cqn = s.recv_cqn.load(Ordering::Relaxed);
+    let mut e = RecvEntry::default();
+    while recvq::pop(&rq, &mut e) {
+        let wc = WorkCompletion { wr_id: e.wr_id, status: WcStatus::WrFlushErr, opcode: WcOpcode::Recv, qp_num: qpn, ..Default::default() };
+        push_cqe(f, &cq, cqn, &Cqe { wc, retire: None });
+    }
+}
+
+/// Records that the owner polled the completion of send WQE `wqe` of QP `qpn`.
+#[inline]
+pub(crate) fn retire(f: &Fabric, qpn: u32, wqe: u32) {
+    let idx = key_index(qpn, QP_IDX_BITS);
+    if idx < MAX_QP {
+        let s = f.qp_slot(idx);
+        if s.qpn.load(Ordering::Relaxed) == qpn {
+            s.sq_retired.store(wqe.wrapping_add(1), Ordering::Release);
+        }
+    }
+}
+
+impl ShmQp {
+    pub(crate) fn create(pd: &Arc<PdInner>, attr: &crate::QpInitAttr<'_, super::Shm>) -> Result<ShmQp> {
+        let ctx = &pd.ctx;
+        let f = &ctx.fabric;
+        let caps = ctx.caps;
+        let c = attr.cap;
+        let send_cq = &attr.send_cq.shared;
+        let recv_cq = &attr.recv_cq.shared;
+        if !Arc::ptr_eq(&send_cq.ctx.fabric, f) || !Arc::ptr_eq(&recv_cq.ctx.fabric, f) {
+            return Err(Error::new(Errno::EINVAL, "CQ belongs to another fabric"));
+        }
+        if c.max_send_wr == 0 || c.max_send_wr > caps.max_qp_wr {
+            return Err(Error::new(Errno::EINVAL, format!("max_send_wr {} must be 1..={}", c.max_send_wr, caps.max_qp_wr)));
+        }
+        if c.max_send_sge > caps.max_sge || c.max_recv_sge > caps.max_sge {
+            return Err(Error::new(Errno::EINVAL, format!("max_send_sge/max_recv_sge must be <= {}", caps.max_sge)));
+        }
+        if c.max_inline_data > caps.max_inline_data {
+            return Err(Error::new(Errno::EINVAL, format!("max_inline_data {} is above the device's {}", c.max_inline_data, caps.max_inline_data)));
+        }
+        let srq = match attr.srq {
+            Some(s) => {
+                if !Arc::ptr_eq(&s.shared.ctx.fabric, f) {
+                    return Err(Error::new(Errno::EINVAL, "SRQ belongs to another fabric"));
+                }
+                Some(s.shared.clone())
+            }
+            None => {
+                if c.max_recv_wr == 0 || c.max_recv_wr > caps.max_qp_wr {
+                    return Err(Error::new(Errno::EINVAL, format!("max_recv_wr {} must be 1..={} without an SRQ", c.max_recv_wr, caps.max_qp_wr)));
+                }
+                None
+            }
+        };
+        let rq_sge = c.max_recv_sge.max(1);
+        let rq = match srq {
+            Some(_) => None,
+            None => {
+                let cap = c.max_recv_wr.next_power_of_two() as usize;
+                let stride = recv_stride(rq_sge);
+                let len = Ring::bytes(cap, stride) as u64;
+                let off = f.alloc(len)?;
+                match f.init_ring(off, cap, stride) {
+                    Ok(r) => Some((r, off, len)),
+                    Err(e) => {
+                        f.free(off, len);
+                        return Err(e);
+                    }
+                }
+            }
+        };
+        let free_rq = |rq: &Option<(Ring, u64, u64)>| {
+            if let Some((_, off, len)) = rq {
+                f.free(*off, *len);
+            }
+        };
+        let l = f.lock();
+        let claimed = f.claim_slot(
+            MAX_QP,
+            |i| {
+                let s = f.qp_slot(i);
+                (&s.qpn, &s.gen, s.pid.load(Ordering::Relaxed))
+            },
+            "QP",
+        );
+        let (idx, gen) = match claimed {
+            Ok(v) => v,
+            Err(e) => {
+                drop(l);
+                free_rq(&rq);
+                return Err(e);
+            }
+        };
+        let qpn = make_key(gen, idx, QP_IDX_BITS);
+        let s = f.qp_slot(idx);
+        s.state.store(QpState::Reset as u32, Ordering::Relaxed);
+        s.qp_type.store(attr.qp_type as u32, Ordering::Relaxed);
+        s.ctx.store(ctx.idx as u32, Ordering::Relaxed);
+        s.pid.store(f.pid(), Ordering::Relaxed);
+        s.pd.store(pd.pdn, Ordering::Relaxed);
+        s.recv_cqn.store(recv_cq.cqn, Ordering::Relaxed);
+        s.srqn.store(srq.as_ref().map_or(0, |s| s.srqn), Ordering::Relaxed);
+        let (rq_off, rq_cap) = rq.as_ref().map_or((0, 0), |(r, off, _)| (*off, r.capacity() as u32));
+        s.rq_off.store(rq_off, Ordering::Relaxed);
+        s.rq_cap.store(rq_cap, Ordering::Relaxed);
+        s.rq_sge.store(rq_sge, Ordering::Relaxed);
+        s.qkey.store(0, Ordering::Relaxed);
+        s.dest_qpn.store(0, Ordering::Relaxed);
+        s.min_rnr_timer.store(0, Ordering::Relaxed);
+        s.access.store(0, Ordering::Relaxed);
+        s.lid.store(ctx.lid as u32, Ordering::Relaxed);
+        s.sq_retired.store(0, Ordering::Relaxed);
+        s.qpn.store(qpn, Ordering::Release);
+        drop(l);
+
+        let depth = c.max_send_wr;
+        let max_sge = c.max_send_sge.max(1);
+        let max_inline = c.max_inline_data;
+        let st = SqState {
+            ctx: ctx.clone(),
+            send_cq: send_cq.clone(),
+            qpn,
+            idx,
+            qp_type: attr.qp_type,
+            pd: pd.pdn,
+            lid: ctx.lid,
+            sig_all: attr.sq_sig_all,
+            depth,
+            max_sge,
+            max_inline,
+            posted: 0,
+            dest_qpn: 0,
+            qkey: 0,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            timeout_ns: None,
+            pending: VecDeque::with_capacity(depth as usize),
+            pend_sges: vec![Sge::default(); depth as usize * max_sge as usize],
+            pend_inline: vec![0; depth as usize * max_inline as usize],
+            blocked: None,
+            registered_pending: false,
+            dest: None,
+            rx: RecvEntry::default(),
+        };
+        let sq = Arc::new(SqCell { busy: AtomicBool::new(false), st: UnsafeCell::new(st) });
+        send_cq.sqs.lock().unwrap_or_else(|e| e.into_inner()).push(Arc::downgrade(&sq));
+        let rq_caps = rq.as_ref().map_or(0, |(r, _, _)| r.capacity() as u32);
+        Ok(ShmQp {
+            sq,
+            rq,
+            _srq: srq,
+            recv_cq: recv_cq.clone(),
+            pd: pd.clone(),
+            idx,
+            qpn,
+            qp_type: attr.qp_type,
+            caps: QpCaps { max_send_wr: depth, max_recv_wr: rq_caps, max_send_sge: max_sge, max_recv_sge: rq_sge, max_inline_data: max_inline },
+        })
+    }
+
+    fn slot(&self) -> &QpSlot {
+        self.pd.ctx.fabric.qp_slot(self.idx)
+    }
+
+    fn drain_rq_silently(&self) {
+        if let Some((rq, _, _)) = &self.rq {
+            let mut e = RecvEntry::default();
+            while recvq::pop(rq, &mut e) {}
+        }
+    }
+}
+
+impl Drop for ShmQp {
+    fn drop(&mut self) {
+        let f = self.pd.ctx.fabric.clone();
+        {
+            let mut g = self.sq.lock();
+            g.set_pending_registered(false);
+            g.pending.clear();
+            let me = Arc::as_ptr(&self.sq);
+            let mut list = g.send_cq.sqs.lock().unwrap_or_else(|e| e.into_inner());
+            list.retain(|w| w.strong_count() > 0 && !std::ptr::eq(w.as_ptr(), me));
+        }
+        let l = f.lock();
+        let s = f.qp_slot(self.idx);
+        if s.qpn.load(Ordering::Relaxed) == self.qpn {
+            s.state.store(QpState::Reset as u32, Ordering::Release);
+            s.qpn.store(0, Ordering::Release);
+        }
+        drop(l);
+        if let Some((_, off, len)) = self.rq {
+            f.free(off, len);
+        }
+    }
+}
+
+fn check_port(port: u8) -> Result<()> {
+    if port != 1 {
+        return Err(Error::new(Errno::EINVAL, format!("port {port} does not exist (the shm device has port 1)")));
+    }
+    Ok(())
+}
+
+impl crate::provider::Qp for ShmQp {
+    fn qp_num(&self) -> u32 {
+        self.qpn
+    }
+
+    fn qp_type(&self) -> QpType {
+        self.qp_type
+    }
+
+    fn state(&self) -> QpState {
+        QpState::from_u8(self.slot().state.load(Ordering::Acquire) as u8).unwrap_or(QpState::Error)
+    }
+
+    fn caps(&self) -> QpCaps {
+        self.caps
+    }
+
+    fn endpoint(&self, gid_index: u8) -> Result<Endpoint> {
+        let gid = super::gid_of(&self.pd.ctx, 1, gid_index)?;
+        Ok(Endpoint { lid: self.pd.ctx.lid, qpn: self.qpn, psn: 0, gid })
+    }
+
+    fn modify(&mut self, attr: &QpAttr) -> Result<()> {
+        use QpState::*;
+        let cur = self.state();
+        let to = attr.state;
+        if !cur.can_transition(to) {
+            return Err(crate::verbs::Error::new(Errno::EINVAL, format!("QP {:#x}: transition {cur:?} -> {to:?} is not allowed", self.qpn)));
+        }
+        let s = self.slot();
+        let mut g = self.sq.lock();
+        match (cur, to) {
+            (_, Reset) => {
+                g.pending.clear();
+                g.set_pending_registered(false);
+                g.blocked = None;
+                g.posted = 0;
+                g.dest = None;
+                s.sq_retired.store(0, Ordering::Release);
+                drop(g);
+                self.drain_rq_silently();
+                s.state.store(Reset as u32, Ordering::Release);
+                return Ok(());
+            }
+            (_, Error) => {
+                drop(g);
+                let f = self.pd.ctx.fabric.clone();
+                to_error(&f, self.idx, self.qpn);
+                if cur == Reset {
+                    s.state.store(Error as u32, Ordering::Release);
+                }
+                self.sq.lock().flush_pending();
+                return Ok(());
+            }
+            (Reset, Init) | (Init, Init) => {
+                check_port(attr.port_num)?;
+                if attr.pkey_index != 0 {
+                    return Err(crate::verbs::Error::new(Errno::EINVAL, format!("pkey_index {} is out of range (table has 1 entry)", attr.pkey_index)));
+                }
+                s.access.store(attr.access.bits(), Ordering::Relaxed);
+                if self.qp_type == QpType::Ud {
+                    s.qkey.store(attr.qkey, Ordering::Relaxed);
+                    g.qkey = attr.qkey;
+                }
+            }
+            (Init, Rtr) => {
+                if ![256, 512, 1024, 2048, 4096].contains(&attr.path_mtu) {
+                    return Err(crate::verbs::Error::new(Errno::EINVAL, format!("path_mtu {} must be 256, 512, 1024, 2048 or 4096", attr.path_mtu)));
+                }
+                if self.qp_type.is_connected() {
+                    if attr.dest_qp_num == 0 {
+                        return Err(crate::verbs::Error::new(Errno::EINVAL, "RTR of a connected QP needs dest_qp_num"));
+                    }
+                    if attr.min_rnr_timer > 31 {
+                        return Err(crate::verbs::Error::new(Errno::EINVAL, format!("min_rnr_timer {} must be 0..=31", attr.min_rnr_timer)));
+                    }
+                    s.dest_qpn.store(attr.dest_qp_num, Ordering::Relaxed);
+                    s.min_rnr_timer.store(attr.min_rnr_timer as u32, Ordering::Relaxed);
+                    g.dest_qpn = attr.dest_qp_num;
+                    g.dest = None;
+                }
+            }
+            (Rtr, Rts) | (Rts, Rts) | (Sqd, Rts) | (Sqe, Rts) | (Rts, Sqd) | (Sqd, Sqd) => {
+                if to == Rts && cur == Rtr && self.qp_type == QpType::Rc {
+                    if attr.retry_cnt > 7 || attr.rnr_retry > 7 {
+                        return Err(crate::verbs::Error::new(Errno::EINVAL, format!("retry_cnt {} and rnr_retry {} must be 0..=7", attr.retry_cnt, attr.rnr_retry)));
+                    }
+                    g.retry_cnt = attr.retry_cnt;
+                    g.rnr_retry = attr.rnr_retry;
+                    g.timeout_ns = ack_timeout_ns(attr.timeout);
+                }
+            }
+            _ => unreachable!("can_transition admitted {cur:?} -> {to:?}"),
+        }
+        drop(g);
+        // A peer may have moved us to ERROR meanwhile: only move from the state we checked.
+        s.state
+            .compare_exchange(cur as u32, to as u32, Ordering::AcqRel, Ordering::Acquire)
+            .map(|_| ())
+            .map_err(|now| crate::verbs::Error::new(Errno::EINVAL, format!("QP {:#x} changed state to {:?} during modify", self.qpn, QpState::from_u8(now as u8))))
+    }
+
+    fn post_send(&mut self, chain: &SendChain) -> std::result::Result<(), PostError> {
+        let f = &self.pd.ctx.fabric;
+        let mut g = self.sq.lock();
+        super::exec::post_send(f, &mut g, chain)
+    }
+
+    fn post_recv(&mut self, chain: &RecvChain) -> std::result::Result<(), PostError> {
+        let Some((rq, _, _)) = &self.rq else {
+            return Err(PostError::new(Errno::EINVAL, 0, "QP is attached to an SRQ: use post_srq_recv"));
+        };
+        let state = self.state();
+        if !state.accepts_post_recv() {
+            return Err(PostError::new(Errno::EINVAL, 0, "QP is in RESET"));
+        }
+        let f = &self.pd.ctx.fabric;
+        recvq::post(f, rq, self.pd.pdn, self.caps.max_recv_sge, chain)?;
+        if state == QpState::Error || self.state() == QpState::Error {
+            flush_rq(f, self.slot(), self.qpn);
+        }
+        Ok(())
+    }
+}
+
+impl ShmQp {
+    /// Receive requests posted and not yet consumed (0 with an SRQ).
+    pub fn recv_queued(&self) -> usize {
+        self.rq.as_ref().map_or(0, |(r, _, _)| r.len() as usize)
+    }
+
+    /// The CQ receive completions go to.
+    pub fn recv_cqn(&self) -> u32 {
+        self.recv_cq.cqn
+    }
+}
+
+/// Resolves local SGEs for a send into segments of this process; used at post time and again
+/// when a pending WQE runs.
+#[inline]
+pub(crate) fn resolve_local(f: &Fabric, pd: u32, sges: &[Sge], need_write: bool, out: &mut [Seg; MAX_SGE]) -> std::result::Result<(usize, u64), &'static str> {
+    let mut total = 0u64;
+    for (k, s) in sges.iter().enumerate() {
+        let Some(mr) = mr_lookup(f, s.lkey) else { return Err("unknown lkey") };
+        if mr.pd != pd {
+            return Err("lkey belongs to another protection domain");
+        }
+        if need_write && !mr.access.contains(AccessFlags::LOCAL_WRITE) {
+            return Err("RDMA READ/atomic target MR lacks LOCAL_WRITE");
+        }
+        let Some(p) = mr.translate(f, s.addr, s.length as u64) else { return Err("SGE outside its memory region") };
+        out[k] = Seg { ptr: p, len: s.length as usize };
+        total += s.length as u64;
+    }
+    Ok((sges.len(), total))
+}

@@ -1,0 +1,113 @@
+//! Receive requests: validation at post time, and their encoding in RQ/SRQ ring cells.
+
+use super::fabric::Fabric;
+use super::layout::{RECV_HDR_LEN, RECV_SGE_LEN};
+use super::mr::mr_lookup;
+use super::ring::{Pop, Ring};
+use crate::verbs::{AccessFlags, Errno, PostError, RecvChain, Sge};
+
+/// Most SGEs per request the `shm` provider supports.
+pub(crate) const MAX_SGE: usize = 16;
+
+/// Receive SGE length 0 means 2^31 bytes (ibv_post_srq_recv notes).
+#[inline]
+pub(crate) fn recv_sge_len(sge: &Sge) -> u64 {
+    if sge.length == 0 {
+        1 << 31
+    } else {
+        sge.length as u64
+    }
+}
+
+/// A receive request taken off a ring.
+#[derive(Clone, Copy)]
+pub(crate) struct RecvEntry {
+    pub wr_id: u64,
+    pub n: usize,
+    pub sges: [Sge; MAX_SGE],
+}
+
+impl Default for RecvEntry {
+    fn default() -> Self {
+        RecvEntry { wr_id: 0, n: 0, sges: [Sge::default(); MAX_SGE] }
+    }
+}
+
+/// Checks one receive request: SGE count, and each SGE's lkey, PD, LOCAL_WRITE right and
+/// bounds.
+pub(crate) fn validate(f: &Fabric, pd: u32, max_sge: u32, sges: &[Sge], i: usize) -> Result<(), PostError> {
+    if sges.len() > max_sge as usize {
+        return Err(PostError::new(Errno::EINVAL, i, "more SGEs than the queue's max_sge"));
+    }
+    for s in sges {
+        let Some(mr) = mr_lookup(f, s.lkey) else {
+            return Err(PostError::new(Errno::EINVAL, i, "unknown lkey"));
+        };
+        if mr.pd != pd {
+            return Err(PostError::new(Errno::EINVAL, i, "lkey belongs to another protection domain"));
+        }
+        if !mr.access.contains(AccessFlags::LOCAL_WRITE) {
+            return Err(PostError::new(Errno::EINVAL, i, "receive buffer MR lacks LOCAL_WRITE"));
+        }
+        if mr.translate(f, s.addr, recv_sge_len(s)).is_none() {
+            return Err(PostError::new(Errno::EINVAL, i, "SGE outside its memory region"));
+        }
+    }
+    Ok(())
+}
+
+/// Validates and pushes every request of `chain`; stops at the first failure.
+pub(crate) fn post(f: &Fabric, ring: &Ring, pd: u32, max_sge: u32, chain: &RecvChain) -> Result<(), PostError> {
+    for (i, (wr, sges)) in chain.iter().enumerate() {
+        validate(f, pd, max_sge, sges, i)?;
+        if !push(ring, wr.wr_id, sges) {
+            return Err(PostError::new(Errno::ENOMEM, i, "receive queue full"));
+        }
+    }
+    Ok(())
+}
+
+/// Pushes one request (already validated). False if the ring is full.
+#[inline]
+pub(crate) fn push(ring: &Ring, wr_id: u64, sges: &[Sge]) -> bool {
+    debug_assert!(RECV_HDR_LEN + sges.len() * RECV_SGE_LEN <= ring.payload_len());
+    ring.push(|p| {
+        // SAFETY: the cell payload holds the header and max_sge SGEs; `sges.len()` was checked
+        // against max_sge by `validate`.
+        unsafe {
+            (p as *mut u64).write_unaligned(wr_id);
+            (p.add(8) as *mut u32).write_unaligned(sges.len() as u32);
+            for (k, s) in sges.iter().enumerate() {
+                let q = p.add(RECV_HDR_LEN + k * RECV_SGE_LEN);
+                (q as *mut u64).write_unaligned(s.addr);
+                (q.add(8) as *mut u32).write_unaligned(s.length);
+                (q.add(12) as *mut u32).write_unaligned(s.lkey);
+            }
+        }
+    })
+}
+
+/// Takes the oldest request. The SGE count read from shared memory is clamped to what the
+/// cell can hold, so a corrupt cell cannot make us read past it.
+#[inline]
+pub(crate) fn pop(ring: &Ring, out: &mut RecvEntry) -> bool {
+    let cap = ((ring.payload_len() - RECV_HDR_LEN) / RECV_SGE_LEN).min(MAX_SGE);
+    matches!(
+        ring.pop(|p| {
+            // SAFETY: reads stay inside the cell payload: header plus `cap` SGEs.
+            unsafe {
+                out.wr_id = (p as *const u64).read_unaligned();
+                out.n = ((p.add(8) as *const u32).read_unaligned() as usize).min(cap);
+                for k in 0..out.n {
+                    let q = p.add(RECV_HDR_LEN + k * RECV_SGE_LEN);
+                    out.sges[k] = Sge {
+                        addr: (q as *const u64).read_unaligned(),
+                        length: (q.add(8) as *const u32).read_unaligned(),
+                        lkey: (q.add(12) as *const u32).read_unaligned(),
+                    };
+                }
+            }
+        }),
+        Pop::Item
+    )
+}

@@ -1,0 +1,267 @@
+//! A bounded lock-free ring in shared memory (Vyukov's MPMC queue), used for receive queues,
+//! SRQs, CQs and event queues.
+//!
+//! Each cell starts with a sequence number. A producer may fill cell `pos & mask` when its
+//! sequence equals `pos`; it publishes the payload by storing `pos + 1` (Release). A consumer
+//! may take it when the sequence equals `pos + 1`; it frees the cell by storing
+//! `pos + capacity` (Release). The Acquire load of the sequence on the other side orders the
+//! payload bytes after it. `head`/`tail` claims use Relaxed CAS: they only pick a position, the
+//! cell sequence carries the synchronisation.
+//!
+//! Trust boundary: a peer can write anything into the shared header and cells. The local
+//! [`Ring`] view keeps its own copy of the mask and stride (never re-read from shared memory),
+//! and every index is masked, so a hostile value can stall the ring but never move an access
+//! outside it.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Shared header of a ring: producer and consumer positions on their own cache lines.
+#[repr(C, align(128))]
+pub(crate) struct RingHeader {
+    head: AtomicU64,
+    _pad0: [u8; 120],
+    tail: AtomicU64,
+    _pad1: [u8; 120],
+}
+
+/// Bytes the header occupies before the first cell.
+pub(crate) const RING_HEADER_LEN: usize = std::mem::size_of::<RingHeader>();
+
+/// Process-local view of a ring living in shared memory.
+#[derive(Clone, Copy)]
+pub(crate) struct Ring {
+    hdr: *const RingHeader,
+    cells: *mut u8,
+    mask: u64,
+    stride: usize,
+}
+
+// SAFETY: the ring is accessed only through atomics and raw copies guarded by the sequence
+// protocol above; the mapping outlives every view (views are held next to an Arc<Fabric>).
+unsafe impl Send for Ring {}
+// SAFETY: as above.
+unsafe impl Sync for Ring {}
+
+/// Result of a pop on a ring.
+pub(crate) enum Pop {
+    /// Got an entry (its payload was copied out).
+    Item,
+    /// No entry ready.
+    Empty,
+}
+
+impl Ring {
+    /// Bytes needed for a ring of `cap` cells of `stride` bytes (stride includes the 8-byte
+    /// sequence).
+    pub(crate) fn bytes(cap: usize, stride: usize) -> usize {
+        RING_HEADER_LEN + cap * stride
+    }
+
+    /// Initialises a ring at `base` (only the creator calls this, before publishing it).
+    ///
+    /// # Safety
+    /// `base` must point to `Ring::bytes(cap, stride)` writable bytes aligned to 128, not yet
+    /// visible to any other thread or process; `cap` a power of two; `stride` a multiple of 8
+    /// and at least 8.
+    pub(crate) unsafe fn init(base: *mut u8, cap: usize, stride: usize) -> Ring {
+        debug_assert!(cap.is_power_of_two() && stride >= 8 && stride % 8 == 0);
+        let hdr = base as *mut RingHeader;
+        // SAFETY: per the contract, the header is ours to initialise.
+        unsafe {
+            (*hdr).head.store(0, Ordering::Relaxed);
+            (*hdr).tail.store(0, Ordering::Relaxed);
+        }
+        let cells = unsafe { base.add(RING_HEADER_LEN) };
+        for i in 0..cap {
+            // SAFETY: cell i is inside the range given by the contract and 8-byte aligned.
+            unsafe { (*(cells.add(i * stride) as *const AtomicU64)).store(i as u64, Ordering::Relaxed) };
+        }
+        // SAFETY: the range given by the contract.
+        unsafe { Ring::attach(base, cap, stride) }
+    }
+
+    /// A view of an initialised ring.
+    ///
+    /// # Safety
+    /// As for [`Ring::init`], and the ring must stay mapped while the view is used.
+    pub(crate) unsafe fn attach(base: *mut u8, cap: usize, stride: usize) -> Ring {
+        Ring {
+            hdr: base as *const RingHeader,
+            // SAFETY: the cells follow the header inside the range of the contract.
+            cells: unsafe { base.add(RING_HEADER_LEN) },
+            mask: cap as u64 - 1,
+            stride,
+        }
+    }
+
+    fn hdr(&self) -> &RingHeader {
+        // SAFETY: `hdr` points into a live mapping (constructor contract); the header holds
+        // only atomics.
+        unsafe { &*self.hdr }
+    }
+
+    fn cell(&self, pos: u64) -> (*mut u8, &AtomicU64) {
+        // SAFETY: `pos & mask` < cap, so the cell is inside the ring; the sequence is the
+        // cell's first, 8-byte aligned word.
+        unsafe {
+            let c = self.cells.add((pos & self.mask) as usize * self.stride);
+            (c.add(8), &*(c as *const AtomicU64))
+        }
+    }
+
+    /// Capacity in entries.
+    pub(crate) fn capacity(&self) -> u64 {
+        self.mask + 1
+    }
+
+    /// Payload bytes per cell.
+    pub(crate) fn payload_len(&self) -> usize {
+        self.stride - 8
+    }
+
+    /// Entries currently queued (approximate under concurrency; exact when quiescent).
+    pub(crate) fn len(&self) -> u64 {
+        let tail = self.hdr().tail.load(Ordering::Acquire);
+        let head = self.hdr().head.load(Ordering::Acquire);
+        tail.wrapping_sub(head).min(self.capacity())
+    }
+
+    /// Appends an entry whose payload `fill` writes. Returns false (and changes nothing) when
+    /// the ring is full.
+    #[inline]
+    pub(crate) fn push(&self, fill: impl FnOnce(*mut u8)) -> bool {
+        let hdr = self.hdr();
+        let mut pos = hdr.tail.load(Ordering::Relaxed);
+        loop {
+            let (payload, seq) = self.cell(pos);
+            let s = seq.load(Ordering::Acquire);
+            let dif = s.wrapping_sub(pos) as i64;
+            if dif == 0 {
+                match hdr.tail.compare_exchange_weak(pos, pos.wrapping_add(1), Ordering::Relaxed, Ordering::Relaxed) {
+                    Ok(_) => {
+                        fill(payload);
+                        seq.store(pos.wrapping_add(1), Ordering::Release);
+                        return true;
+                    }
+                    Err(cur) => pos = cur,
+                }
+            } else if dif < 0 {
+                return false;
+            } else {
+                pos = hdr.tail.load(Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Takes the oldest entry, letting `read` copy its payload out. Safe for many consumers.
+    #[inline]
+    pub(crate) fn pop(&self, read: impl FnOnce(*const u8)) -> Pop {
+        let hdr = self.hdr();
+        let mut pos = hdr.head.load(Ordering::Relaxed);
+        loop {
+            let (payload, seq) = self.cell(pos);
+            let s = seq.load(Ordering::Acquire);
+            let dif = s.wrapping_sub(pos.wrapping_add(1)) as i64;
+            if dif == 0 {
+                match hdr.head.compare_exchange_weak(pos, pos.wrapping_add(1), Ordering::Relaxed, Ordering::Relaxed) {
+                    Ok(_) => {
+                        read(payload);
+                        seq.store(pos.wrapping_add(self.mask + 1), Ordering::Release);
+                        return Pop::Item;
+                    }
+                    Err(cur) => pos = cur,
+                }
+            } else if dif < 0 {
+                return Pop::Empty;
+            } else {
+                pos = hdr.head.load(Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Takes the oldest entry when this caller is the only consumer (no CAS on `head`).
+    ///
+    /// Callers must guarantee no concurrent `pop`/`pop_single` on this ring (the CQ's `&mut`
+    /// poll does).
+    #[inline]
+    pub(crate) fn pop_single(&self, read: impl FnOnce(*const u8)) -> Pop {
+        let hdr = self.hdr();
+        let pos = hdr.head.load(Ordering::Relaxed);
+        let (payload, seq) = self.cell(pos);
+        if seq.load(Ordering::Acquire) != pos.wrapping_add(1) {
+            return Pop::Empty;
+        }
+        read(payload);
+        // Release the head before the cell: a producer checks the cell, a len() reader the
+        // head; neither needs a stronger order.
+        hdr.head.store(pos.wrapping_add(1), Ordering::Relaxed);
+        seq.store(pos.wrapping_add(self.mask + 1), Ordering::Release);
+        Pop::Item
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[repr(C, align(128))]
+    struct Buf([u8; 4096]);
+
+    #[test]
+    fn fifo_full_empty_and_wrap() {
+        let mut b = Box::new(Buf([0; 4096]));
+        // SAFETY: the buffer is big enough for 4 cells of 16 bytes and private to the test.
+        let r = unsafe { Ring::init(b.0.as_mut_ptr(), 4, 16) };
+        for round in 0..3u64 {
+            for i in 0..4u64 {
+                // SAFETY: the payload has 8 bytes.
+                assert!(r.push(|p| unsafe { (p as *mut u64).write_unaligned(round * 10 + i) }));
+            }
+            assert!(!r.push(|_| unreachable!()));
+            assert_eq!(r.len(), 4);
+            for i in 0..4u64 {
+                let mut v = 0;
+                // SAFETY: the payload has 8 bytes.
+                assert!(matches!(r.pop(|p| v = unsafe { (p as *const u64).read_unaligned() }), Pop::Item));
+                assert_eq!(v, round * 10 + i);
+            }
+            assert!(matches!(r.pop_single(|_| unreachable!()), Pop::Empty));
+        }
+    }
+
+    #[test]
+    fn many_producers_one_consumer_lose_nothing() {
+        let mut b = Box::new(Buf([0; 4096]));
+        let base = b.0.as_mut_ptr();
+        // SAFETY: 64 cells × 16 bytes + header fit in 4096 bytes.
+        let r = unsafe { Ring::init(base, 64, 16) };
+        const N: u64 = 20_000;
+        let mut seen = vec![0u32; 4];
+        std::thread::scope(|s| {
+            for t in 0..4u64 {
+                s.spawn(move || {
+                    for i in 0..N {
+                        // SAFETY: 8-byte payload.
+                        while !r.push(|p| unsafe { (p as *mut u64).write_unaligned(t << 32 | i) }) {
+                            std::hint::spin_loop();
+                        }
+                    }
+                });
+            }
+            let mut next = [0u64; 4];
+            let mut got = 0;
+            while got < 4 * N {
+                let mut v = 0u64;
+                // SAFETY: 8-byte payload.
+                if let Pop::Item = r.pop_single(|p| v = unsafe { (p as *const u64).read_unaligned() }) {
+                    let t = (v >> 32) as usize;
+                    assert_eq!(v & 0xffff_ffff, next[t], "per-producer order");
+                    next[t] += 1;
+                    seen[t] += 1;
+                    got += 1;
+                }
+            }
+        });
+        assert_eq!(seen, vec![N as u32; 4]);
+    }
+}

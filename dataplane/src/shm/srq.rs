@@ -1,0 +1,182 @@
+//! Shared receive queues: an MPMC ring of receive requests that any QP attached to it (in any
+//! process) consumes, with the limit event.
+
+use super::fabric::Fabric;
+use super::layout::*;
+use super::recvq;
+use super::ring::Ring;
+use super::CtxInner;
+use crate::verbs::{Errno, Error, PostError, RecvChain, Result, SrqAttr, SrqAttrMask};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+pub(crate) struct SrqShared {
+    pub(crate) ctx: Arc<CtxInner>,
+    pub(crate) idx: usize,
+    pub(crate) srqn: u32,
+    pub(crate) pd: u32,
+    pub(crate) ring: Ring,
+    pub(crate) max_sge: u32,
+    ring_off: u64,
+    ring_len: u64,
+}
+
+impl Drop for SrqShared {
+    fn drop(&mut self) {
+        let f = &self.ctx.fabric;
+        let _l = f.lock();
+        let s = f.srq_slot(self.idx);
+        if s.srqn.load(Ordering::Relaxed) == self.srqn {
+            s.srqn.store(0, Ordering::Release);
+        }
+        drop(_l);
+        f.free(self.ring_off, self.ring_len);
+    }
+}
+
+/// A shared receive queue of the `shm` provider.
+pub struct ShmSrq {
+    pub(crate) shared: Arc<SrqShared>,
+}
+
+impl ShmSrq {
+    pub(crate) fn create(ctx: &Arc<CtxInner>, pd: u32, attr: &SrqAttr) -> Result<ShmSrq> {
+        let caps = ctx.caps;
+        if attr.max_wr == 0 || attr.max_wr > caps.max_srq_wr {
+            return Err(Error::new(Errno::EINVAL, format!("SRQ max_wr {} must be 1..={}", attr.max_wr, caps.max_srq_wr)));
+        }
+        if attr.max_sge == 0 || attr.max_sge > caps.max_srq_sge {
+            return Err(Error::new(Errno::EINVAL, format!("SRQ max_sge {} must be 1..={}", attr.max_sge, caps.max_srq_sge)));
+        }
+        if attr.srq_limit > attr.max_wr {
+            return Err(Error::new(Errno::EINVAL, format!("SRQ limit {} is above max_wr {}", attr.srq_limit, attr.max_wr)));
+        }
+        let f = &ctx.fabric;
+        let cap = attr.max_wr.next_power_of_two() as usize;
+        let stride = recv_stride(attr.max_sge);
+        let ring_len = Ring::bytes(cap, stride) as u64;
+        let ring_off = f.alloc(ring_len)?;
+        let ring = match f.init_ring(ring_off, cap, stride) {
+            Ok(r) => r,
+            Err(e) => {
+                f.free(ring_off, ring_len);
+                return Err(e);
+            }
+        };
+        let l = f.lock();
+        let claimed = f.claim_slot(
+            MAX_SRQ,
+            |i| {
+                let s = f.srq_slot(i);
+                (&s.srqn, &s.gen, s.pid.load(Ordering::Relaxed))
+            },
+            "SRQ",
+        );
+        let (idx, gen) = match claimed {
+            Ok(v) => v,
+            Err(e) => {
+                drop(l);
+                f.free(ring_off, ring_len);
+                return Err(e);
+            }
+        };
+        let srqn = make_key(gen, idx, SRQ_IDX_BITS);
+        let s = f.srq_slot(idx);
+        s.ctx.store(ctx.idx as u32, Ordering::Relaxed);
+        s.pid.store(f.pid(), Ordering::Relaxed);
+        s.pd.store(pd, Ordering::Relaxed);
+        s.cap.store(cap as u32, Ordering::Relaxed);
+        s.max_sge.store(attr.max_sge, Ordering::Relaxed);
+        s.ring_off.store(ring_off, Ordering::Relaxed);
+        s.limit.store(attr.srq_limit, Ordering::Relaxed);
+        s.srqn.store(srqn, Ordering::Release);
+        drop(l);
+        Ok(ShmSrq {
+            shared: Arc::new(SrqShared { ctx: ctx.clone(), idx, srqn, pd, ring, max_sge: attr.max_sge, ring_off, ring_len }),
+        })
+    }
+
+    /// Requests currently posted and not yet consumed.
+    pub fn len(&self) -> usize {
+        self.shared.ring.len() as usize
+    }
+
+    /// Whether no request is posted.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A view of SRQ `srqn` as a consumer (a sender delivering to a QP attached to it) sees it.
+#[derive(Clone, Copy)]
+pub(crate) struct SrqView {
+    pub srqn: u32,
+    pub idx: usize,
+    pub pd: u32,
+    pub ring: Ring,
+}
+
+pub(crate) fn srq_view(f: &Fabric, srqn: u32) -> Option<SrqView> {
+    let idx = key_index(srqn, SRQ_IDX_BITS);
+    if idx >= MAX_SRQ {
+        return None;
+    }
+    let s = f.srq_slot(idx);
+    if s.srqn.load(Ordering::Acquire) != srqn {
+        return None;
+    }
+    let cap = s.cap.load(Ordering::Relaxed) as usize;
+    let stride = recv_stride(s.max_sge.load(Ordering::Relaxed).min(recvq::MAX_SGE as u32));
+    let ring = f.ring(s.ring_off.load(Ordering::Relaxed), cap, stride).ok()?;
+    let pd = s.pd.load(Ordering::Relaxed);
+    (s.srqn.load(Ordering::Acquire) == srqn).then_some(SrqView { srqn, idx, pd, ring })
+}
+
+impl SrqView {
+    /// Takes a request; fires the limit event (once) when the count drops below the armed
+    /// limit.
+    #[inline]
+    pub(crate) fn take(&self, f: &Fabric, out: &mut recvq::RecvEntry) -> bool {
+        if !recvq::pop(&self.ring, out) {
+            return false;
+        }
+        let s = f.srq_slot(self.idx);
+        let limit = s.limit.load(Ordering::Relaxed);
+        if limit != 0 && self.ring.len() < limit as u64 && s.limit.compare_exchange(limit, 0, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+            f.post_event(s.ctx.load(Ordering::Relaxed) as usize, super::EVENT_SRQ_LIMIT, self.srqn);
+        }
+        true
+    }
+}
+
+impl crate::provider::Srq for ShmSrq {
+    fn srq_num(&self) -> u32 {
+        self.shared.srqn
+    }
+
+    fn post_recv(&mut self, chain: &RecvChain) -> std::result::Result<(), PostError> {
+        let sh = &*self.shared;
+        recvq::post(&sh.ctx.fabric, &sh.ring, sh.pd, sh.max_sge, chain)
+    }
+
+    fn modify(&mut self, attr: &SrqAttr, mask: SrqAttrMask) -> Result<()> {
+        if mask.contains(SrqAttrMask::MAX_WR) {
+            return Err(Error::new(Errno::EOPNOTSUPP, "the shm provider cannot resize an SRQ"));
+        }
+        if mask.contains(SrqAttrMask::LIMIT) {
+            let cap = self.shared.ring.capacity() as u32;
+            if attr.srq_limit > cap {
+                return Err(Error::new(Errno::EINVAL, format!("SRQ limit {} is above max_wr {cap}", attr.srq_limit)));
+            }
+            let f = &self.shared.ctx.fabric;
+            f.srq_slot(self.shared.idx).limit.store(attr.srq_limit, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    fn query(&self) -> Result<SrqAttr> {
+        let sh = &*self.shared;
+        let s = sh.ctx.fabric.srq_slot(sh.idx);
+        Ok(SrqAttr { max_wr: sh.ring.capacity() as u32, max_sge: sh.max_sge, srq_limit: s.limit.load(Ordering::Acquire) })
+    }
+}
