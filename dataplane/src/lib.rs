@@ -6,7 +6,7 @@
 //!
 //! - [`shm`]: a software NIC over shared memory, across threads and processes of one host.
 //!   The poster's CPU is the DMA engine. The embedded default; needs no setup.
-//! - `rdma`: rdma-core's libibverbs, for real NICs and Soft-RoCE.
+//! - [`rdma`]: rdma-core's libibverbs, for real NICs and Soft-RoCE, loaded at run time.
 //!
 //! Start with [`verbs`] (the model) and [`provider`] (the traits), then `examples` in
 //! `apps/`.
@@ -15,6 +15,8 @@
 
 pub mod mem;
 pub mod provider;
+#[cfg(target_os = "linux")]
+pub mod rdma;
 pub mod shm;
 pub mod verbs;
 
