@@ -195,7 +195,9 @@ mod tests {
 
     #[test]
     fn slots_have_the_intended_sizes() {
-        assert_eq!(std::mem::size_of::<QpSlot>(), 128);
+        // Two lines: peers read the first, the owner's poll writes `sq_retired` on the second.
+        assert_eq!(std::mem::size_of::<QpSlot>(), 256);
+        assert_eq!(std::mem::offset_of!(QpSlot, sq_retired), 128);
         assert_eq!(std::mem::size_of::<CqSlot>(), 64);
         assert_eq!(std::mem::size_of::<SrqSlot>(), 64);
         assert_eq!(std::mem::size_of::<MrSlot>(), 64);
