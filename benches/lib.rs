@@ -1,1 +1,102 @@
-//! Shared helpers for the benchmarks.
+//! Shared setup for the benchmarks: a connected RC pair on one `shm` fabric, in one thread.
+
+use dataplane::mem::HugePolicy;
+use dataplane::shm::{Shm, ShmConfig};
+use dataplane::verbs::*;
+use dataplane::{Context, Cq, Mr, Pd, Provider, Qp, QpInitAttr};
+
+type P = Shm;
+
+/// Two RC QPs connected to each other, with receive buffers posted on `b`.
+pub struct Loopback {
+    /// The context (kept alive).
+    pub ctx: <P as Provider>::Context,
+    /// Sender QP.
+    pub a: <P as Provider>::Qp,
+    /// Receiver QP.
+    pub b: <P as Provider>::Qp,
+    /// Sender's CQ.
+    pub acq: <P as Provider>::Cq,
+    /// Receiver's CQ.
+    pub bcq: <P as Provider>::Cq,
+    /// Registered memory.
+    pub mr: <P as Provider>::Mr,
+    /// The memory.
+    pub region: <P as Provider>::Region,
+}
+
+/// Receive buffers posted on `b`.
+pub const DEPTH: u32 = 1024;
+
+impl Loopback {
+    /// Builds the pair on a fresh fabric named `name`.
+    pub fn new(name: &str) -> Loopback {
+        let cfg = ShmConfig { fabric: format!("{name}-{}", std::process::id()), size: 32 << 20, huge: HugePolicy::default() };
+        let ctx = P::open(&cfg).expect("open");
+        let pd = ctx.alloc_pd().unwrap();
+        let region = ctx.alloc_region(1 << 20).unwrap();
+        let mr = pd.reg_mr(&region, 0, 1 << 20, AccessFlags::LOCAL_WRITE).unwrap();
+        let acq = ctx.create_cq(DEPTH).unwrap();
+        let bcq = ctx.create_cq(DEPTH).unwrap();
+        let cap = QpCaps { max_send_wr: DEPTH, max_recv_wr: DEPTH, ..Default::default() };
+        let mk = |cq: &<P as Provider>::Cq| {
+            pd.create_qp(&QpInitAttr { send_cq: cq, recv_cq: cq, srq: None, cap, qp_type: QpType::Rc, sq_sig_all: false })
+                .unwrap()
+        };
+        let (mut a, mut b) = (mk(&acq), mk(&bcq));
+        for (q, peer) in [(&mut a, b.qp_num()), (&mut b, 0)] {
+            q.modify(&QpAttr { state: QpState::Init, ..Default::default() }).unwrap();
+            let _ = peer;
+        }
+        let (qa, qb) = (a.qp_num(), b.qp_num());
+        a.modify(&QpAttr { state: QpState::Rtr, dest_qp_num: qb, ..Default::default() }).unwrap();
+        b.modify(&QpAttr { state: QpState::Rtr, dest_qp_num: qa, ..Default::default() }).unwrap();
+        a.modify(&QpAttr { state: QpState::Rts, ..Default::default() }).unwrap();
+        b.modify(&QpAttr { state: QpState::Rts, ..Default::default() }).unwrap();
+        let mut lb = Loopback { ctx, a, b, acq, bcq, mr, region };
+        let mut rc = RecvChain::with_capacity(DEPTH as usize, DEPTH as usize);
+        for i in 0..DEPTH as u64 {
+            rc.push(RecvWr::new(i), &[lb.recv_sge(i)]);
+        }
+        lb.b.post_recv(&rc).unwrap();
+        lb
+    }
+
+    /// The receive buffer of slot `i` (64 bytes each, after the first 4 KiB).
+    pub fn recv_sge(&self, i: u64) -> Sge {
+        Sge::new(self.mr.addr() + 4096 + (i % DEPTH as u64) * 64, 64, self.mr.lkey())
+    }
+
+    /// An 8-byte send SGE.
+    pub fn send_sge(&self) -> Sge {
+        Sge::new(self.mr.addr(), 8, self.mr.lkey())
+    }
+}
+
+/// One round of `chain.len()` messages: post the chain (one doorbell), poll the receiver's
+/// completions, repost their buffers in one chain, poll the sender's completion.
+pub fn round(lb: &mut Loopback, chain: &SendChain, rchain: &mut RecvChain, wc: &mut [WorkCompletion]) {
+    lb.a.post_send(chain).expect("post_send");
+    let mut got = 0;
+    rchain.clear();
+    while got < chain.len() {
+        let n = lb.bcq.poll(&mut wc[..chain.len() - got]).expect("poll");
+        for w in &wc[..n] {
+            debug_assert!(w.is_ok());
+            rchain.push(RecvWr::new(w.wr_id), &[lb.recv_sge(w.wr_id)]);
+        }
+        got += n;
+    }
+    lb.b.post_recv(rchain).expect("post_recv");
+    while lb.acq.poll(&mut wc[..1]).expect("poll") == 0 {}
+}
+
+/// A chain of `n` 8-byte SENDs, the last one signaled.
+pub fn send_chain(lb: &Loopback, n: usize) -> SendChain {
+    let mut c = SendChain::with_capacity(n, n);
+    for i in 0..n {
+        let wr = if i + 1 == n { SendWr::send(i as u64).signaled() } else { SendWr::send(i as u64) };
+        c.push(wr, &[lb.send_sge()]);
+    }
+    c
+}
