@@ -155,14 +155,13 @@ fn copy_sg(src: &[Seg], dst: &[Seg], skip: usize) {
 #[inline]
 fn resolve_recv(f: &Fabric, pd: u32, rx: &RecvEntry, out: &mut [Seg; MAX_SGE]) -> Option<(usize, u64)> {
     let mut cap = 0u64;
-    for k in 0..rx.n {
-        let s = &rx.sges[k];
+    for (s, o) in rx.sges[..rx.n].iter().zip(out.iter_mut()) {
         let mr = mr_lookup(f, s.lkey)?;
         if mr.pd != pd || !mr.access.contains(AccessFlags::LOCAL_WRITE) {
             return None;
         }
         let len = recv_sge_len(s);
-        out[k] = Seg { ptr: mr.translate(f, s.addr, len)?, len: len as usize };
+        *o = Seg { ptr: mr.translate(f, s.addr, len)?, len: len as usize };
         cap += len;
     }
     Some((rx.n, cap))

@@ -1,0 +1,206 @@
+//! Provider-generic scaffolding for the conformance suite: nodes, connected QP pairs, and
+//! polling with a liveness deadline (a hang fails the test instead of stalling CI; it is not a
+//! timing assertion).
+
+use dataplane::verbs::*;
+use dataplane::{Context, Cq, MemRegion, Mr, Pd, Provider, Qp, QpInitAttr};
+use std::time::{Duration, Instant};
+
+/// How the suite opens devices of one provider.
+pub trait Harness: 'static {
+    /// The provider under test.
+    type P: Provider;
+    /// The device config for node `node` (0 or 1) of test `test`.
+    fn config(test: &str, node: usize) -> <Self::P as Provider>::Config;
+    /// GID index to use.
+    fn gid_index() -> u8 {
+        0
+    }
+    /// Why a case cannot pass on this provider, if it cannot (printed; the case is then not
+    /// run and says so by name).
+    fn unsupported(_case: &str) -> Option<&'static str> {
+        None
+    }
+}
+
+pub type Ctx<H> = <<H as Harness>::P as Provider>::Context;
+pub type PdOf<H> = <<H as Harness>::P as Provider>::Pd;
+pub type MrOf<H> = <<H as Harness>::P as Provider>::Mr;
+pub type CqOf<H> = <<H as Harness>::P as Provider>::Cq;
+pub type QpOf<H> = <<H as Harness>::P as Provider>::Qp;
+pub type SrqOf<H> = <<H as Harness>::P as Provider>::Srq;
+pub type RegionOf<H> = <<H as Harness>::P as Provider>::Region;
+
+/// Liveness deadline for anything the suite waits for.
+pub const DEADLINE: Duration = Duration::from_secs(20);
+
+/// One "host": a context with a PD, a registered buffer and two CQs.
+pub struct Node<H: Harness> {
+    pub ctx: Ctx<H>,
+    pub pd: PdOf<H>,
+    pub region: RegionOf<H>,
+    pub mr: MrOf<H>,
+    pub scq: CqOf<H>,
+    pub rcq: CqOf<H>,
+}
+
+/// Size of each node's registered buffer.
+pub const BUF: usize = 1 << 20;
+
+impl<H: Harness> Node<H> {
+    pub fn open(test: &str, node: usize) -> Node<H> {
+        Self::open_with(test, node, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC)
+    }
+
+    pub fn open_with(test: &str, node: usize, access: AccessFlags) -> Node<H> {
+        let ctx = H::P::open(&H::config(test, node)).expect("open device");
+        let pd = ctx.alloc_pd().expect("alloc_pd");
+        let region = ctx.alloc_region(BUF).expect("alloc_region");
+        let mr = pd.reg_mr(&region, 0, BUF, access).expect("reg_mr");
+        let scq = ctx.create_cq(256).expect("create_cq");
+        let rcq = ctx.create_cq(256).expect("create_cq");
+        Node { ctx, pd, region, mr, scq, rcq }
+    }
+
+    /// Address of byte `off` of the buffer.
+    pub fn addr(&self, off: usize) -> u64 {
+        self.mr.addr() + off as u64
+    }
+
+    /// An SGE over `len` bytes at `off`.
+    pub fn sge(&self, off: usize, len: u32) -> Sge {
+        Sge::new(self.addr(off), len, self.mr.lkey())
+    }
+
+    pub fn qp(&self, qp_type: QpType, cap: QpCaps, srq: Option<&SrqOf<H>>, sig_all: bool) -> QpOf<H> {
+        self.try_qp(qp_type, cap, srq, sig_all).expect("create_qp")
+    }
+
+    pub fn try_qp(&self, qp_type: QpType, cap: QpCaps, srq: Option<&SrqOf<H>>, sig_all: bool) -> Result<QpOf<H>> {
+        self.pd.create_qp(&QpInitAttr { send_cq: &self.scq, recv_cq: &self.rcq, srq, cap, qp_type, sq_sig_all: sig_all })
+    }
+
+    pub fn write(&self, off: usize, data: &[u8]) {
+        self.region.write(off, data)
+    }
+
+    pub fn read(&self, off: usize, len: usize) -> Vec<u8> {
+        let mut v = vec![0; len];
+        self.region.read(off, &mut v);
+        v
+    }
+}
+
+/// Connection parameters used by `connect`.
+#[derive(Clone, Copy)]
+pub struct ConnOpts {
+    pub rnr_retry: u8,
+    pub retry_cnt: u8,
+    pub min_rnr_timer: u8,
+    pub timeout: u8,
+    pub access: AccessFlags,
+}
+
+impl Default for ConnOpts {
+    fn default() -> Self {
+        ConnOpts {
+            rnr_retry: 7,
+            retry_cnt: 7,
+            min_rnr_timer: 1,
+            timeout: 14,
+            access: AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC,
+        }
+    }
+}
+
+pub fn to_init<Q: Qp>(qp: &mut Q, qkey: u32, access: AccessFlags) {
+    qp.modify(&QpAttr { state: QpState::Init, qkey, access, ..Default::default() }).expect("RESET->INIT");
+}
+
+/// Moves `qp` to RTR towards `remote` (connected types) or just RTR (UD).
+pub fn to_rtr<Q: Qp>(qp: &mut Q, remote: &Endpoint, o: &ConnOpts) {
+    let ah = AhAttr { dlid: remote.lid, is_global: true, dgid: remote.gid, port_num: 1, hop_limit: 1, ..Default::default() };
+    qp.modify(&QpAttr { state: QpState::Rtr, dest_qp_num: remote.qpn, rq_psn: remote.psn, ah, min_rnr_timer: o.min_rnr_timer, ..Default::default() })
+        .expect("INIT->RTR");
+}
+
+pub fn to_rts<Q: Qp>(qp: &mut Q, o: &ConnOpts) {
+    qp.modify(&QpAttr { state: QpState::Rts, rnr_retry: o.rnr_retry, retry_cnt: o.retry_cnt, timeout: o.timeout, ..Default::default() })
+        .expect("RTR->RTS");
+}
+
+/// Brings two connected QPs (RC or UC) to RTS, pointing at each other.
+pub fn connect<H: Harness>(a: &mut QpOf<H>, b: &mut QpOf<H>, o: &ConnOpts) {
+    let (ea, eb) = (a.endpoint(H::gid_index()).unwrap(), b.endpoint(H::gid_index()).unwrap());
+    to_init(a, 0, o.access);
+    to_init(b, 0, o.access);
+    to_rtr(a, &eb, o);
+    to_rtr(b, &ea, o);
+    to_rts(a, o);
+    to_rts(b, o);
+}
+
+/// Brings a UD QP to RTS with `qkey`.
+pub fn ud_ready<Q: Qp>(qp: &mut Q, qkey: u32) {
+    to_init(qp, qkey, AccessFlags::empty());
+    qp.modify(&QpAttr { state: QpState::Rtr, ..Default::default() }).expect("INIT->RTR");
+    qp.modify(&QpAttr { state: QpState::Rts, ..Default::default() }).expect("RTR->RTS");
+}
+
+/// Polls until `n` completions arrived (or the liveness deadline passes: test failure).
+pub fn poll_n<C: Cq>(cq: &mut C, n: usize) -> Vec<WorkCompletion> {
+    let mut out = Vec::with_capacity(n);
+    let mut wc = [WorkCompletion::default(); 32];
+    let end = Instant::now() + DEADLINE;
+    while out.len() < n {
+        let got = cq.poll(&mut wc[..(n - out.len()).min(32)]).expect("poll_cq");
+        out.extend_from_slice(&wc[..got]);
+        if got == 0 {
+            assert!(Instant::now() < end, "waited {DEADLINE:?} for {n} completions, got {}: {out:?}", out.len());
+            std::thread::yield_now();
+        }
+    }
+    out
+}
+
+/// Polls once more for a short while and asserts nothing arrives.
+pub fn assert_no_completion<C: Cq>(cq: &mut C) {
+    let mut wc = [WorkCompletion::default(); 8];
+    let end = Instant::now() + Duration::from_millis(50);
+    while Instant::now() < end {
+        let got = cq.poll(&mut wc).expect("poll_cq");
+        assert_eq!(got, 0, "unexpected completion {:?}", &wc[..got]);
+        std::thread::yield_now();
+    }
+}
+
+/// Posts one receive of `len` bytes at `off` on a QP.
+pub fn recv<H: Harness>(qp: &mut QpOf<H>, node: &Node<H>, wr_id: u64, off: usize, len: u32) {
+    qp.post_recv(&RecvChain::one(wr_id, &[node.sge(off, len)])).expect("post_recv");
+}
+
+/// Posts one signaled SEND of `len` bytes at `off`.
+pub fn send<H: Harness>(qp: &mut QpOf<H>, node: &Node<H>, wr_id: u64, off: usize, len: u32) {
+    qp.post_send(&SendChain::one(SendWr::send(wr_id).signaled(), &[node.sge(off, len)])).expect("post_send");
+}
+
+/// An RC (or UC) pair on two nodes with default caps, connected.
+pub struct Pair<H: Harness> {
+    pub a: Node<H>,
+    pub b: Node<H>,
+    pub qa: QpOf<H>,
+    pub qb: QpOf<H>,
+}
+
+pub fn pair<H: Harness>(test: &str, qp_type: QpType, cap: QpCaps, o: ConnOpts) -> Pair<H> {
+    let a = Node::<H>::open(test, 0);
+    let b = Node::<H>::open(test, 1);
+    let mut qa = a.qp(qp_type, cap, None, false);
+    let mut qb = b.qp(qp_type, cap, None, false);
+    connect::<H>(&mut qa, &mut qb, &o);
+    Pair { a, b, qa, qb }
+}
+
+pub fn rc_pair<H: Harness>(test: &str) -> Pair<H> {
+    pair::<H>(test, QpType::Rc, QpCaps { max_send_sge: 4, max_recv_sge: 4, ..Default::default() }, ConnOpts::default())
+}
