@@ -31,7 +31,8 @@ pub const DEPTH: u32 = 1024;
 impl Loopback {
     /// Builds the pair on a fresh fabric named `name`.
     pub fn new(name: &str) -> Loopback {
-        let cfg = ShmConfig { fabric: format!("{name}-{}", std::process::id()), size: 32 << 20, huge: HugePolicy::default() };
+        let cfg =
+            ShmConfig { fabric: format!("{name}-{}", std::process::id()), size: 32 << 20, huge: HugePolicy::default() };
         let ctx = P::open(&cfg).expect("open");
         let pd = ctx.alloc_pd().unwrap();
         let region = ctx.alloc_region(1 << 20).unwrap();
@@ -40,8 +41,15 @@ impl Loopback {
         let bcq = ctx.create_cq(DEPTH).unwrap();
         let cap = QpCaps { max_send_wr: DEPTH, max_recv_wr: DEPTH, ..Default::default() };
         let mk = |cq: &<P as Provider>::Cq| {
-            pd.create_qp(&QpInitAttr { send_cq: cq, recv_cq: cq, srq: None, cap, qp_type: QpType::Rc, sq_sig_all: false })
-                .unwrap()
+            pd.create_qp(&QpInitAttr {
+                send_cq: cq,
+                recv_cq: cq,
+                srq: None,
+                cap,
+                qp_type: QpType::Rc,
+                sq_sig_all: false,
+            })
+            .unwrap()
         };
         let (mut a, mut b) = (mk(&acq), mk(&bcq));
         for (q, peer) in [(&mut a, b.qp_num()), (&mut b, 0)] {

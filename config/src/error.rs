@@ -58,12 +58,7 @@ pub struct ConfigError {
 /// Replaces line breaks so that every message stays on one line.
 fn flatten(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
-    for (i, line) in text
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .enumerate()
-    {
+    for (i, line) in text.lines().map(str::trim).filter(|l| !l.is_empty()).enumerate() {
         if i > 0 {
             out.push_str("; ");
         }
@@ -192,10 +187,7 @@ impl<'a> IntoIterator for &'a ConfigErrors {
 
 /// The closest of `candidates` to `word`, if it is close enough to be a likely typo; ties go
 /// to the alphabetically first, so the answer does not depend on the candidates' order.
-pub(crate) fn closest<'a>(
-    word: &str,
-    candidates: impl IntoIterator<Item = &'a str>,
-) -> Option<&'a str> {
+pub(crate) fn closest<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
     let w = word.to_ascii_lowercase();
     let limit = (w.chars().count() / 3).max(2);
     candidates
@@ -223,9 +215,7 @@ pub(crate) fn edit_distance(a: &str, b: &str) -> usize {
     for i in 1..=n {
         for j in 1..=m {
             let cost = usize::from(a[i - 1] != b[j - 1]);
-            let mut v = (d[i - 1][j] + 1)
-                .min(d[i][j - 1] + 1)
-                .min(d[i - 1][j - 1] + cost);
+            let mut v = (d[i - 1][j] + 1).min(d[i][j - 1] + 1).min(d[i - 1][j - 1] + cost);
             if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
                 v = v.min(d[i - 2][j - 2] + 1);
             }
@@ -246,21 +236,14 @@ mod tests {
         assert_eq!(edit_distance("kitten", "sitting"), 3);
         assert_eq!(closest("burts", ["burst", "core", "name"]), Some("burst"));
         assert_eq!(closest("zzzzzz", ["burst", "core"]), None);
-        assert_eq!(
-            closest("spinn", ["spin", "spin-then-pause", "backoff"]),
-            Some("spin")
-        );
+        assert_eq!(closest("spinn", ["spin", "spin-then-pause", "backoff"]), Some("spin"));
     }
 
     #[test]
     fn display_is_one_line() {
         let src = Source::new("pipeline.toml", "a = 1\n\n[x]\n");
-        let e = ConfigError::new(ErrorKind::Invalid, &src, Some(7..8), "x.y", "bad\nthing")
-            .with_hint("do\nthis");
-        assert_eq!(
-            e.to_string(),
-            "pipeline.toml:3:1: x.y: bad; thing; hint: do; this"
-        );
+        let e = ConfigError::new(ErrorKind::Invalid, &src, Some(7..8), "x.y", "bad\nthing").with_hint("do\nthis");
+        assert_eq!(e.to_string(), "pipeline.toml:3:1: x.y: bad; thing; hint: do; this");
         let e = ConfigError::new(ErrorKind::Syntax, &src, None, "", "broken");
         assert_eq!(e.to_string(), "pipeline.toml: broken");
     }

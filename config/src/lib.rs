@@ -56,9 +56,8 @@ mod validate;
 pub use error::{ConfigError, ConfigErrors, ErrorKind};
 pub use located::Located;
 pub use schema::{
-    defaults, Config, HugepagePolicy, IdlePolicy, MemoryConfig, PageSize, Peer, PoolConfig,
-    ProviderConfig, ProviderKind, QpConfig, StageConfig, StageKind, Transport, WorkerConfig,
-    MIN_MESSAGE_SIZE, UD_GRH_BYTES,
+    defaults, Config, HugepagePolicy, IdlePolicy, MemoryConfig, PageSize, Peer, PoolConfig, ProviderConfig,
+    ProviderKind, QpConfig, StageConfig, StageKind, Transport, WorkerConfig, MIN_MESSAGE_SIZE, UD_GRH_BYTES,
 };
 pub use source::{Location, Source};
 pub use units::{ByteSize, HumanDuration, Rate};

@@ -28,10 +28,7 @@ impl<T> Located<T> {
 
     /// A value read from `span` of the source text.
     pub fn with_span(value: T, span: Range<usize>) -> Self {
-        Located {
-            value,
-            span: Some(span),
-        }
+        Located { value, span: Some(span) }
     }
 
     /// Whether the value was written in the file (rather than defaulted).

@@ -39,23 +39,14 @@ fn quoted(message: &str) -> Vec<&str> {
     message.split('`').skip(1).step_by(2).collect()
 }
 
-fn translate(
-    source: &Source,
-    field: String,
-    message: &str,
-    span: Option<std::ops::Range<usize>>,
-) -> ConfigError {
+fn translate(source: &Source, field: String, message: &str, span: Option<std::ops::Range<usize>>) -> ConfigError {
     let error = |kind, msg: &str| ConfigError::new(kind, source, span.clone(), field.clone(), msg);
 
     if message.starts_with("unknown field `") {
         let words = quoted(message);
         let unknown = words.first().copied().unwrap_or_default();
         let known = words.get(1..).unwrap_or_default();
-        let known_list = known
-            .iter()
-            .map(|k| format!("`{k}`"))
-            .collect::<Vec<_>>()
-            .join(", ");
+        let known_list = known.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", ");
         let hint = if known.is_empty() {
             "this table takes no fields".to_owned()
         } else {
@@ -72,30 +63,20 @@ fn translate(
         let words = quoted(message);
         let unknown = words.first().copied().unwrap_or_default();
         let known = words.get(1..).unwrap_or_default();
-        let known_list = known
-            .iter()
-            .map(|k| format!("\"{k}\""))
-            .collect::<Vec<_>>()
-            .join(", ");
+        let known_list = known.iter().map(|k| format!("\"{k}\"")).collect::<Vec<_>>().join(", ");
         let msg = match closest(unknown, known.iter().copied()) {
             Some(s) => format!("unknown value \"{unknown}\", did you mean \"{s}\"?"),
             None => format!("unknown value \"{unknown}\""),
         };
-        return error(ErrorKind::UnknownVariant, &msg)
-            .with_hint(format!("expected one of {known_list}"));
+        return error(ErrorKind::UnknownVariant, &msg).with_hint(format!("expected one of {known_list}"));
     }
 
     if message.starts_with("missing field `") {
         let words = quoted(message);
         let missing = words.first().copied().unwrap_or_default();
         let msg = format!("missing required field `{missing}`");
-        let table = if field.is_empty() {
-            "the file"
-        } else {
-            "this table"
-        };
-        return error(ErrorKind::MissingField, &msg)
-            .with_hint(format!("add `{missing} = ...` to {table}"));
+        let table = if field.is_empty() { "the file" } else { "this table" };
+        return error(ErrorKind::MissingField, &msg).with_hint(format!("add `{missing} = ...` to {table}"));
     }
 
     if message.starts_with("invalid type: ")
@@ -159,7 +140,10 @@ fn explain_type_error(message: &str) -> (String, Option<String>) {
     } else if head.starts_with("invalid type: string") && expected == "a boolean" {
         Some("write `true` or `false` without quotes".to_owned())
     } else if expected == "a sequence" {
-        Some("write an array in brackets, e.g. `[\"a\", \"b\"]`, or repeat a `[[table]]` header for an array of tables".to_owned())
+        Some(
+            "write an array in brackets, e.g. `[\"a\", \"b\"]`, or repeat a `[[table]]` header for an array of tables"
+                .to_owned(),
+        )
     } else if expected == "a string" && !head.starts_with("invalid type: string") {
         Some("put strings in double quotes, e.g. `name = \"w0\"`".to_owned())
     } else {
@@ -175,9 +159,7 @@ mod tests {
     #[test]
     fn paths() {
         assert_eq!(
-            clean_path(
-                "workers[1].$__serde_spanned_private_value.core.$__serde_spanned_private_value"
-            ),
+            clean_path("workers[1].$__serde_spanned_private_value.core.$__serde_spanned_private_value"),
             "workers[1].core"
         );
         assert_eq!(clean_path("."), "");

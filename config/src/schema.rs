@@ -360,9 +360,7 @@ impl PoolConfig {
 
     /// Bytes of buffer memory: `buffer_size * count`.
     pub fn bytes(&self) -> u64 {
-        self.buffer_size
-            .bytes()
-            .saturating_mul(u64::from(*self.count))
+        self.buffer_size.bytes().saturating_mul(u64::from(*self.count))
     }
 }
 
@@ -575,9 +573,7 @@ impl QpConfig {
 
     /// The signal interval in effect: this QP's, else its worker's.
     pub fn effective_signal_interval(&self, worker: &WorkerConfig) -> u32 {
-        self.signal_interval
-            .as_ref()
-            .map_or(*worker.signal_interval, |s| **s)
+        self.signal_interval.as_ref().map_or(*worker.signal_interval, |s| **s)
     }
 }
 
@@ -586,10 +582,7 @@ pub(crate) fn parse_peer(text: &str) -> Result<Peer<'_>, String> {
     let Some((host, port)) = text.rsplit_once(':') else {
         return Ok(Peer::Local(text));
     };
-    let host = host
-        .strip_prefix('[')
-        .and_then(|h| h.strip_suffix(']'))
-        .unwrap_or(host);
+    let host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
     if host.is_empty() {
         return Err(format!("peer `{}` has no host", text.escape_debug()));
     }

@@ -29,10 +29,7 @@ pub struct Source {
 impl Source {
     /// A source named `path` (used in messages only) with this text.
     pub fn new(path: impl AsRef<Path>, text: &str) -> Self {
-        Source {
-            path: path.as_ref().to_path_buf(),
-            text: text.into(),
-        }
+        Source { path: path.as_ref().to_path_buf(), text: text.into() }
     }
 
     /// The path given for messages; empty for configurations built in code.
@@ -54,10 +51,7 @@ impl Source {
         }
         let before = &text[..offset];
         let line_start = before.rfind('\n').map_or(0, |i| i + 1);
-        Location {
-            line: before.matches('\n').count() + 1,
-            column: before[line_start..].chars().count() + 1,
-        }
+        Location { line: before.matches('\n').count() + 1, column: before[line_start..].chars().count() + 1 }
     }
 }
 

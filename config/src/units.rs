@@ -32,9 +32,7 @@ impl ByteSize {
     /// Parses `"64M"`-style text; see the type's documentation.
     pub fn parse(text: &str) -> Result<Self, String> {
         let t = text.trim();
-        let digits_end = t
-            .find(|c: char| !c.is_ascii_digit() && c != '_')
-            .unwrap_or(t.len());
+        let digits_end = t.find(|c: char| !c.is_ascii_digit() && c != '_').unwrap_or(t.len());
         let (num, suffix) = t.split_at(digits_end);
         let num: String = num.chars().filter(|&c| c != '_').collect();
         if num.is_empty() {
@@ -43,9 +41,7 @@ impl ByteSize {
                 text.escape_debug()
             ));
         }
-        let n: u64 = num
-            .parse()
-            .map_err(|_| format!("invalid size `{}`: number too large", text.escape_debug()))?;
+        let n: u64 = num.parse().map_err(|_| format!("invalid size `{}`: number too large", text.escape_debug()))?;
         let shift = match suffix.trim().to_ascii_lowercase().as_str() {
             "" | "b" => 0,
             "k" | "kb" | "kib" => 10,
@@ -91,9 +87,7 @@ impl<'de> Deserialize<'de> for ByteSize {
                 Ok(ByteSize(v))
             }
             fn visit_i64<E: de::Error>(self, v: i64) -> Result<ByteSize, E> {
-                u64::try_from(v)
-                    .map(ByteSize)
-                    .map_err(|_| E::custom(format!("invalid size {v}: must not be negative")))
+                u64::try_from(v).map(ByteSize).map_err(|_| E::custom(format!("invalid size {v}: must not be negative")))
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<ByteSize, E> {
                 ByteSize::parse(v).map_err(E::custom)
@@ -124,9 +118,7 @@ impl HumanDuration {
     /// Parses `"10s"`-style text; see the type's documentation.
     pub fn parse(text: &str) -> Result<Self, String> {
         let t = text.trim();
-        let digits_end = t
-            .find(|c: char| !c.is_ascii_digit() && c != '_')
-            .unwrap_or(t.len());
+        let digits_end = t.find(|c: char| !c.is_ascii_digit() && c != '_').unwrap_or(t.len());
         let (num, unit) = t.split_at(digits_end);
         let num: String = num.chars().filter(|&c| c != '_').collect();
         let bad = || {
@@ -149,8 +141,7 @@ impl HumanDuration {
             "h" => n.checked_mul(3600).map(D::from_secs),
             _ => return Err(bad()),
         };
-        d.map(HumanDuration)
-            .ok_or_else(|| format!("invalid duration `{}`: too large", text.escape_debug()))
+        d.map(HumanDuration).ok_or_else(|| format!("invalid duration `{}`: too large", text.escape_debug()))
     }
 }
 
@@ -175,9 +166,7 @@ impl<'de> Deserialize<'de> for HumanDuration {
         impl Visitor<'_> for V {
             type Value = HumanDuration;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(
-                    "a duration: a string such as \"500ms\" or \"10s\", or a number of seconds",
-                )
+                f.write_str("a duration: a string such as \"500ms\" or \"10s\", or a number of seconds")
             }
             fn visit_u64<E: de::Error>(self, v: u64) -> Result<HumanDuration, E> {
                 Ok(HumanDuration::secs(v))
@@ -270,16 +259,10 @@ mod tests {
     fn durations() {
         use std::time::Duration as D;
         assert_eq!(HumanDuration::parse("10s").unwrap().0, D::from_secs(10));
-        assert_eq!(
-            HumanDuration::parse("250us").unwrap().0,
-            D::from_micros(250)
-        );
+        assert_eq!(HumanDuration::parse("250us").unwrap().0, D::from_micros(250));
         assert_eq!(HumanDuration::parse("2m").unwrap().0, D::from_secs(120));
         assert!(HumanDuration::parse("10 parsecs").is_err());
         assert!(HumanDuration::parse("18446744073709551615h").is_err());
-        assert_eq!(
-            HumanDuration::parse("1500ms").unwrap().to_string(),
-            "1500ms"
-        );
+        assert_eq!(HumanDuration::parse("1500ms").unwrap().to_string(), "1500ms");
     }
 }

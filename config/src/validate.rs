@@ -41,19 +41,15 @@ impl ValidationEnv {
         let cores = std::fs::read_to_string("/proc/self/status")
             .ok()
             .and_then(|s| {
-                s.lines()
-                    .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-                    .and_then(|l| parse_cpu_list(l.trim()))
+                s.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).and_then(|l| parse_cpu_list(l.trim()))
             })
             .filter(|c| !c.is_empty())
             .unwrap_or_else(|| {
                 let n = std::thread::available_parallelism().map_or(1, |n| n.get());
                 (0..n).collect()
             });
-        let free_pages = |size: PageSize| match std::fs::read_to_string(format!(
-            "{}/free_hugepages",
-            size.sysfs_dir()
-        )) {
+        let free_pages = |size: PageSize| match std::fs::read_to_string(format!("{}/free_hugepages", size.sysfs_dir()))
+        {
             Ok(s) => s.trim().parse().ok(),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(0),
             Err(_) => None,
@@ -77,12 +73,7 @@ impl ValidationEnv {
         let mut cores: Vec<usize> = cores.into_iter().collect();
         cores.sort_unstable();
         cores.dedup();
-        ValidationEnv {
-            cores,
-            free_hugepages_2m: None,
-            free_hugepages_1g: None,
-            mem_available: None,
-        }
+        ValidationEnv { cores, free_hugepages_2m: None, free_hugepages_1g: None, mem_available: None }
     }
 
     /// Sets the number of free huge pages of one size.
@@ -143,11 +134,7 @@ pub fn format_cpu_list(cores: &[usize]) -> String {
             i += 1;
             end = sorted[i];
         }
-        parts.push(if start == end {
-            start.to_string()
-        } else {
-            format!("{start}-{end}")
-        });
+        parts.push(if start == end { start.to_string() } else { format!("{start}-{end}") });
         i += 1;
     }
     parts.join(",")
@@ -300,11 +287,7 @@ impl<'a> Validator<'a> {
                 format!("{what} name is empty"),
                 Some("use letters, digits, `-`, `_` and `.`".into()),
             );
-        } else if n.len() > 64
-            || !n
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-        {
+        } else if n.len() > 64 || !n.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')) {
             self.push(
                 ErrorKind::Invalid,
                 name.span.clone(),
@@ -325,10 +308,7 @@ impl<'a> Validator<'a> {
                     ErrorKind::Duplicate,
                     w.name.span.clone(),
                     format!("workers[{i}].name"),
-                    format!(
-                        "duplicate worker name `{}`, first defined as workers[{first}]{at}",
-                        w.name
-                    ),
+                    format!("duplicate worker name `{}`, first defined as workers[{first}]{at}", w.name),
                     Some("worker names must be unique".into()),
                 );
             } else {
@@ -343,10 +323,7 @@ impl<'a> Validator<'a> {
                     ErrorKind::Duplicate,
                     p.name.span.clone(),
                     format!("memory.pools[{i}].name"),
-                    format!(
-                        "duplicate pool name `{}`, first defined as memory.pools[{first}]{at}",
-                        p.name
-                    ),
+                    format!("duplicate pool name `{}`, first defined as memory.pools[{first}]{at}", p.name),
                     Some("pool names must be unique".into()),
                 );
             } else {
@@ -362,10 +339,7 @@ impl<'a> Validator<'a> {
                     ErrorKind::Duplicate,
                     q.name.span.clone(),
                     format!("qps[{i}].name"),
-                    format!(
-                        "duplicate name `{}`, already used by qps[{first}]{at}",
-                        q.name
-                    ),
+                    format!("duplicate name `{}`, already used by qps[{first}]{at}", q.name),
                     Some("QPs and stages share one namespace; names must be unique".into()),
                 );
             } else {
@@ -377,9 +351,7 @@ impl<'a> Validator<'a> {
             let first = if let Some(&j) = self.qps.get(s.name.as_str()) {
                 Some((format!("qps[{j}]"), cfg.qps[j].name.span.clone()))
             } else {
-                self.stages
-                    .get(s.name.as_str())
-                    .map(|&j| (format!("stages[{j}]"), cfg.stages[j].name.span.clone()))
+                self.stages.get(s.name.as_str()).map(|&j| (format!("stages[{j}]"), cfg.stages[j].name.span.clone()))
             };
             if let Some((what, span)) = first {
                 let at = self.at(&span);
@@ -402,10 +374,7 @@ impl<'a> Validator<'a> {
     }
 
     fn endpoint(&self, name: &str) -> Option<Endpoint> {
-        self.qps
-            .get(name)
-            .map(|&j| Endpoint::Qp(j))
-            .or_else(|| self.stages.get(name).map(|&k| Endpoint::Stage(k)))
+        self.qps.get(name).map(|&j| Endpoint::Qp(j)).or_else(|| self.stages.get(name).map(|&k| Endpoint::Stage(k)))
     }
 
     fn endpoint_names(&self) -> impl Iterator<Item = &'a str> + '_ {
@@ -421,11 +390,7 @@ impl<'a> Validator<'a> {
             (
                 format!("provider.{field}"),
                 format!("`{field}` applies only to kind = \"{}\"", owner.as_str()),
-                format!(
-                    "remove it, or set kind = \"{}\" (this provider is \"{}\")",
-                    owner.as_str(),
-                    kind.as_str()
-                ),
+                format!("remove it, or set kind = \"{}\" (this provider is \"{}\")", owner.as_str(), kind.as_str()),
             )
         };
         let mut foreign: Vec<(Option<Range<usize>>, &str, ProviderKind)> = Vec::new();
@@ -500,10 +465,7 @@ impl<'a> Validator<'a> {
                     ErrorKind::Invalid,
                     first_span(&[&p.buffer_size.span, &p.name.span]),
                     format!("memory.pools[{i}].buffer_size"),
-                    format!(
-                        "buffer_size {} is below the minimum of 64 bytes",
-                        *p.buffer_size
-                    ),
+                    format!("buffer_size {} is below the minimum of 64 bytes", *p.buffer_size),
                     None,
                 );
             }
@@ -520,14 +482,8 @@ impl<'a> Validator<'a> {
                     ErrorKind::Invalid,
                     first_span(&[&p.cache_size.span, &p.count.span, &p.name.span]),
                     format!("memory.pools[{i}].cache_size"),
-                    format!(
-                        "cache_size {} is larger than the pool's count {}",
-                        *p.cache_size, *p.count
-                    ),
-                    Some(
-                        "each worker's cache holds part of the pool; keep it well below count"
-                            .into(),
-                    ),
+                    format!("cache_size {} is larger than the pool's count {}", *p.cache_size, *p.count),
+                    Some("each worker's cache holds part of the pool; keep it well below count".into()),
                 );
             }
         }
@@ -598,17 +554,13 @@ impl<'a> Validator<'a> {
             HugepagePolicy::Never => b,
             _ => b.div_ceil(page).saturating_mul(page),
         };
-        let pool_bytes = m
-            .pools
-            .iter()
-            .fold(0u64, |acc, p| acc.saturating_add(round(p.bytes())));
+        let pool_bytes = m.pools.iter().fold(0u64, |acc, p| acc.saturating_add(round(p.bytes())));
         // The pool a memory error points at: the largest one.
         let largest = m.pools.iter().enumerate().max_by_key(|(_, p)| p.bytes());
         let (pool_field, pool_span) = match largest {
-            Some((i, p)) => (
-                format!("memory.pools[{i}].count"),
-                first_span(&[&p.count.span, &p.buffer_size.span, &p.name.span]),
-            ),
+            Some((i, p)) => {
+                (format!("memory.pools[{i}].count"), first_span(&[&p.count.span, &p.buffer_size.span, &p.name.span]))
+            }
             None => ("memory.pools".to_owned(), None),
         };
         let fabric_bytes = match *cfg.provider.kind {
@@ -649,17 +601,10 @@ impl<'a> Validator<'a> {
                         format!("the shm fabric ({})", human(fabric_bytes))
                     }
                     (_, 0) => format!("buffer pools ({})", human(pool_bytes)),
-                    _ => format!(
-                        "buffer pools ({}) and the shm fabric ({})",
-                        human(pool_bytes),
-                        human(fabric_bytes)
-                    ),
+                    _ => format!("buffer pools ({}) and the shm fabric ({})", human(pool_bytes), human(fabric_bytes)),
                 };
                 let (field, span) = if policy == HugepagePolicy::Require || pool_span.is_none() {
-                    (
-                        "provider.fabric_size".to_owned(),
-                        cfg.provider.fabric_size.span.clone(),
-                    )
+                    ("provider.fabric_size".to_owned(), cfg.provider.fabric_size.span.clone())
                 } else {
                     (pool_field, pool_span)
                 };
@@ -667,11 +612,7 @@ impl<'a> Validator<'a> {
                     ErrorKind::Resource,
                     span,
                     field,
-                    format!(
-                        "{what} need {} of memory but only {} is available",
-                        human(regular),
-                        human(avail)
-                    ),
+                    format!("{what} need {} of memory but only {} is available", human(regular), human(avail)),
                     Some("shrink the pools (count, buffer_size) or the fabric".into()),
                 );
             }
@@ -693,45 +634,29 @@ impl<'a> Validator<'a> {
                     w.core.span.clone(),
                     f("core"),
                     format!("core {core} does not exist (this machine has cores {list})"),
-                    Some(format!(
-                        "pick one of {list}; `lscpu` or `nproc` shows the cores"
-                    )),
+                    Some(format!("pick one of {list}; `lscpu` or `nproc` shows the cores")),
                 );
             } else if let Some(&first) = used_cores.get(&core) {
-                let free: Vec<usize> = self
-                    .env
-                    .cores
-                    .iter()
-                    .copied()
-                    .filter(|c| !cfg.workers.iter().any(|w| *w.core == *c))
-                    .collect();
+                let free: Vec<usize> =
+                    self.env.cores.iter().copied().filter(|c| !cfg.workers.iter().any(|w| *w.core == *c)).collect();
                 let hint = if free.is_empty() {
                     "each busy-polling worker needs a core of its own; no core is left, so merge workers".to_owned()
                 } else {
-                    format!(
-                        "each busy-polling worker needs a core of its own; free cores: {}",
-                        format_cpu_list(&free)
-                    )
+                    format!("each busy-polling worker needs a core of its own; free cores: {}", format_cpu_list(&free))
                 };
                 let at = self.at(&cfg.workers[first].core.span);
                 self.push(
                     ErrorKind::Duplicate,
                     w.core.span.clone(),
                     f("core"),
-                    format!(
-                        "core {core} is already used by worker `{}`{at}",
-                        cfg.workers[first].name
-                    ),
+                    format!("core {core} is already used by worker `{}`{at}", cfg.workers[first].name),
                     Some(hint),
                 );
             } else {
                 used_cores.insert(core, i);
             }
 
-            let pool = self
-                .pools
-                .get(w.pool.as_str())
-                .map(|&p| &cfg.memory.pools[p]);
+            let pool = self.pools.get(w.pool.as_str()).map(|&p| &cfg.memory.pools[p]);
             if pool.is_none() {
                 let hint = Self::did_you_mean(&w.pool, self.pools.keys().copied())
                     .unwrap_or_else(|| "define it with [[memory.pools]]".into());
@@ -766,23 +691,16 @@ impl<'a> Validator<'a> {
                     ErrorKind::Invalid,
                     first_span(&[&w.poll_burst.span, &w.cq_depth.span, &w.name.span]),
                     f("poll_burst"),
-                    format!(
-                        "poll_burst {} exceeds cq_depth {}",
-                        *w.poll_burst, *w.cq_depth
-                    ),
+                    format!("poll_burst {} exceeds cq_depth {}", *w.poll_burst, *w.cq_depth),
                     Some("a poll cannot return more completions than the CQ holds".into()),
                 );
             }
             if *w.srq_low_watermark >= *w.srq_depth && *w.srq_depth > 0 {
-                let (span, field) =
-                    if w.srq_low_watermark.is_explicit() || !w.srq_depth.is_explicit() {
-                        (
-                            first_span(&[&w.srq_low_watermark.span, &w.name.span]),
-                            f("srq_low_watermark"),
-                        )
-                    } else {
-                        (w.srq_depth.span.clone(), f("srq_depth"))
-                    };
+                let (span, field) = if w.srq_low_watermark.is_explicit() || !w.srq_depth.is_explicit() {
+                    (first_span(&[&w.srq_low_watermark.span, &w.name.span]), f("srq_low_watermark"))
+                } else {
+                    (w.srq_depth.span.clone(), f("srq_depth"))
+                };
                 self.push(
                     ErrorKind::Invalid,
                     span,
@@ -827,20 +745,14 @@ impl<'a> Validator<'a> {
     fn worker_totals(&mut self) {
         let cfg = self.cfg;
         for (i, w) in cfg.workers.iter().enumerate() {
-            let has_stage = cfg
-                .stages
-                .iter()
-                .any(|s| s.worker.as_str() == w.name.as_str());
+            let has_stage = cfg.stages.iter().any(|s| s.worker.as_str() == w.name.as_str());
             if self.worker_qps[i].is_empty() && !has_stage {
                 self.push(
                     ErrorKind::Invalid,
                     w.name.span.clone(),
                     format!("workers[{i}]"),
                     format!("worker `{}` has no qps and no stages", w.name),
-                    Some(
-                        "remove it, or give it work: an idle pinned worker still burns its core"
-                            .into(),
-                    ),
+                    Some("remove it, or give it work: an idle pinned worker still burns its core".into()),
                 );
             }
             let (sends, recvs) = self.worker_buffer_need(i);
@@ -902,20 +814,10 @@ impl<'a> Validator<'a> {
                 );
             }
             for (name, value, max, what) in [
-                (
-                    "min_rnr_timer",
-                    &q.min_rnr_timer,
-                    31u8,
-                    "an IB RNR timer code 0-31 (12 = 0.64 ms)",
-                ),
+                ("min_rnr_timer", &q.min_rnr_timer, 31u8, "an IB RNR timer code 0-31 (12 = 0.64 ms)"),
                 ("rnr_retry", &q.rnr_retry, 7, "0-7, where 7 retries forever"),
                 ("retry_cnt", &q.retry_cnt, 7, "0-7"),
-                (
-                    "timeout",
-                    &q.timeout,
-                    31,
-                    "0-31 (4.096 us * 2^timeout, 0 = forever)",
-                ),
+                ("timeout", &q.timeout, 31, "0-31 (4.096 us * 2^timeout, 0 = forever)"),
             ] {
                 if **value > max {
                     self.push(
@@ -986,13 +888,7 @@ impl<'a> Validator<'a> {
                     2 * u64::from(interval)
                 );
                 match &q.signal_interval {
-                    Some(s) => self.push(
-                        ErrorKind::Invalid,
-                        s.span.clone(),
-                        f("signal_interval"),
-                        msg,
-                        Some(hint),
-                    ),
+                    Some(s) => self.push(ErrorKind::Invalid, s.span.clone(), f("signal_interval"), msg, Some(hint)),
                     None if w.signal_interval.is_explicit() && !q.send_depth.is_explicit() => {
                         if signal_blamed.insert(wi) {
                             self.push(
@@ -1058,17 +954,9 @@ impl<'a> Validator<'a> {
                     } else {
                         format!("peer `{name}` does not exist")
                     };
-                    let hint =
-                        Self::did_you_mean(name, self.qps.keys().copied()).unwrap_or_else(|| {
-                            "a peer names another qp of this file, or \"host:port\"".into()
-                        });
-                    self.push(
-                        ErrorKind::Dangling,
-                        peer.span.clone(),
-                        field,
-                        msg,
-                        Some(hint),
-                    );
+                    let hint = Self::did_you_mean(name, self.qps.keys().copied())
+                        .unwrap_or_else(|| "a peer names another qp of this file, or \"host:port\"".into());
+                    self.push(ErrorKind::Dangling, peer.span.clone(), field, msg, Some(hint));
                     return;
                 };
                 let other = &cfg.qps[k];
@@ -1142,10 +1030,7 @@ impl<'a> Validator<'a> {
                                 ErrorKind::Duplicate,
                                 input.span.clone(),
                                 f("input"),
-                                format!(
-                                    "qp `{}` already feeds stage `{}`",
-                                    cfg.qps[j].name, cfg.stages[other].name
-                                ),
+                                format!("qp `{}` already feeds stage `{}`", cfg.qps[j].name, cfg.stages[other].name),
                                 Some("a qp's receives go to exactly one stage; add a fanout stage to copy them".into()),
                             );
                         } else {
@@ -1161,22 +1046,20 @@ impl<'a> Validator<'a> {
                                 format!("an echo stage replies on the qp a message came from, so its input must be a qp, not stage `{}`", input),
                                 None,
                             );
-                        } else if k != i
-                            && !cfg.stages[k]
-                                .destinations()
-                                .any(|d| d.as_str() == s.name.as_str())
-                        {
-                            let field = if *cfg.stages[k].kind == StageKind::Fanout {
-                                "outputs"
-                            } else {
-                                "output"
-                            };
+                        } else if k != i && !cfg.stages[k].destinations().any(|d| d.as_str() == s.name.as_str()) {
+                            let field = if *cfg.stages[k].kind == StageKind::Fanout { "outputs" } else { "output" };
                             self.push(
                                 ErrorKind::Invalid,
                                 input.span.clone(),
                                 f("input"),
-                                format!("stage `{}` takes input from stage `{}`, which does not send to it", s.name, input),
-                                Some(format!("stage links are written on both ends: add \"{}\" to `{field}` of stage `{}`", s.name, input)),
+                                format!(
+                                    "stage `{}` takes input from stage `{}`, which does not send to it",
+                                    s.name, input
+                                ),
+                                Some(format!(
+                                    "stage links are written on both ends: add \"{}\" to `{field}` of stage `{}`",
+                                    s.name, input
+                                )),
                             );
                         }
                     }
@@ -1185,11 +1068,8 @@ impl<'a> Validator<'a> {
 
             // outputs
             let mut seen: HashMap<&str, Option<Range<usize>>> = HashMap::new();
-            for (n, dest) in s
-                .output
-                .iter()
-                .map(|d| (None, d))
-                .chain(s.outputs.iter().enumerate().map(|(n, d)| (Some(n), d)))
+            for (n, dest) in
+                s.output.iter().map(|d| (None, d)).chain(s.outputs.iter().enumerate().map(|(n, d)| (Some(n), d)))
             {
                 let field = match n {
                     None => f("output"),
@@ -1217,19 +1097,14 @@ impl<'a> Validator<'a> {
                                 ErrorKind::Invalid,
                                 dest.span.clone(),
                                 field,
-                                format!(
-                                    "stage `{}` sends on ud qp `{}`, which has no peer to send to",
-                                    s.name, q.name
-                                ),
+                                format!("stage `{}` sends on ud qp `{}`, which has no peer to send to", s.name, q.name),
                                 Some(format!("set peer on qp `{}`", q.name)),
                             );
                         }
                     }
                     Some(Endpoint::Stage(k)) => {
                         let target = &cfg.stages[k];
-                        if k != i
-                            && target.input.as_ref().map(|x| x.as_str()) != Some(s.name.as_str())
-                        {
+                        if k != i && target.input.as_ref().map(|x| x.as_str()) != Some(s.name.as_str()) {
                             let now = match &target.input {
                                 Some(x) => format!("takes input from `{}`", x.as_str()),
                                 None => "has no input".into(),
@@ -1239,7 +1114,10 @@ impl<'a> Validator<'a> {
                                 dest.span.clone(),
                                 field,
                                 format!("stage `{}` sends to stage `{}`, which {now}", s.name, target.name),
-                                Some(format!("stage links are written on both ends: set input = \"{}\" on stage `{}`", s.name, target.name)),
+                                Some(format!(
+                                    "stage links are written on both ends: set input = \"{}\" on stage `{}`",
+                                    s.name, target.name
+                                )),
                             );
                         }
                     }
@@ -1309,10 +1187,7 @@ impl<'a> Validator<'a> {
                 );
             }
         }
-        let needs_output = matches!(
-            kind,
-            StageKind::Forward | StageKind::Sequencer | StageKind::Source
-        );
+        let needs_output = matches!(kind, StageKind::Forward | StageKind::Sequencer | StageKind::Source);
         match (&s.output, needs_output) {
             (None, true) => self.push(
                 ErrorKind::Invalid,
@@ -1343,10 +1218,7 @@ impl<'a> Validator<'a> {
                     ErrorKind::Invalid,
                     first_span(&[&s.outputs.span, &s.name.span]),
                     f("outputs"),
-                    format!(
-                        "fanout stage `{}` needs at least one name in `outputs`",
-                        s.name
-                    ),
+                    format!("fanout stage `{}` needs at least one name in `outputs`", s.name),
                     Some("set outputs = [\"<qp or stage>\", ...]".into()),
                 );
             }
@@ -1356,10 +1228,7 @@ impl<'a> Validator<'a> {
                 s.outputs.span.clone(),
                 f("outputs"),
                 "`outputs` applies only to kind = \"fanout\"".into(),
-                Some(format!(
-                    "use `output` for {} {k} stage, or set kind = \"fanout\"",
-                    article(k)
-                )),
+                Some(format!("use `output` for {} {k} stage, or set kind = \"fanout\"", article(k))),
             );
         }
         // Kind-specific parameters.
@@ -1398,10 +1267,7 @@ impl<'a> Validator<'a> {
                     ErrorKind::Invalid,
                     s.message_size.span.clone(),
                     f("message_size"),
-                    format!(
-                        "message_size {} is below the minimum of {MIN_MESSAGE_SIZE} bytes",
-                        s.message_size.bytes()
-                    ),
+                    format!("message_size {} is below the minimum of {MIN_MESSAGE_SIZE} bytes", s.message_size.bytes()),
                     Some("a source message carries an 8-byte sequence number and an 8-byte timestamp".into()),
                 );
             }
@@ -1411,10 +1277,7 @@ impl<'a> Validator<'a> {
                     first_span(&[&s.duration.span, &s.count.span]),
                     f("duration"),
                     "set either `count` or `duration`, not both".into(),
-                    Some(
-                        "count stops after N messages, duration after a time; 0 means no limit"
-                            .into(),
-                    ),
+                    Some("count stops after N messages, duration after a time; 0 means no limit".into()),
                 );
             }
         }
@@ -1430,16 +1293,9 @@ impl<'a> Validator<'a> {
                     let field = if s.output.is_some() && n == 0 {
                         format!("stages[{i}].output")
                     } else {
-                        format!(
-                            "stages[{i}].outputs[{}]",
-                            n - usize::from(s.output.is_some())
-                        )
+                        format!("stages[{i}].outputs[{}]", n - usize::from(s.output.is_some()))
                     };
-                    links[i].push(Link {
-                        to: k,
-                        span: dest.span.clone(),
-                        field,
-                    });
+                    links[i].push(Link { to: k, span: dest.span.clone(), field });
                 }
             }
         }
@@ -1449,11 +1305,7 @@ impl<'a> Validator<'a> {
             if let Some(input) = &s.input {
                 if let Some(Endpoint::Stage(k)) = self.endpoint(input) {
                     if *s.kind != StageKind::Echo {
-                        links[k].push(Link {
-                            to: i,
-                            span: input.span.clone(),
-                            field: format!("stages[{i}].input"),
-                        });
+                        links[k].push(Link { to: i, span: input.span.clone(), field: format!("stages[{i}].input") });
                     }
                 }
             }
@@ -1485,14 +1337,11 @@ impl<'a> Validator<'a> {
                         }
                         1 => {
                             let start = stack.iter().position(|&(s, _)| s == to).unwrap_or(0);
-                            let members: Vec<usize> =
-                                stack[start..].iter().map(|&(s, _)| s).collect();
+                            let members: Vec<usize> = stack[start..].iter().map(|&(s, _)| s).collect();
                             let key: BTreeSet<usize> = members.iter().copied().collect();
                             if reported.insert(key) {
-                                let mut path: Vec<&str> = members
-                                    .iter()
-                                    .map(|&s| cfg.stages[s].name.as_str())
-                                    .collect();
+                                let mut path: Vec<&str> =
+                                    members.iter().map(|&s| cfg.stages[s].name.as_str()).collect();
                                 path.push(cfg.stages[to].name.as_str());
                                 let (span, field) = (link.span.clone(), link.field.clone());
                                 self.push(
@@ -1558,11 +1407,8 @@ impl<'a> Validator<'a> {
                         );
                     }
                 }
-                let dests: Vec<&Located<String>> = if *st.kind == StageKind::Echo {
-                    st.input.iter().collect()
-                } else {
-                    st.destinations().collect()
-                };
+                let dests: Vec<&Located<String>> =
+                    if *st.kind == StageKind::Echo { st.input.iter().collect() } else { st.destinations().collect() };
                 for d in dests {
                     match self.endpoint(d) {
                         Some(Endpoint::Stage(k)) => todo.push(k),
@@ -1589,11 +1435,7 @@ impl<'a> Validator<'a> {
                             let w = &cfg.workers[pw];
                             let need = size + if ud { UD_GRH_BYTES } else { 0 };
                             if need > w.recv_buffer_size.bytes() && reported.insert((pj, "recv")) {
-                                let grh = if ud {
-                                    " plus the 40-byte GRH of UD"
-                                } else {
-                                    ""
-                                };
+                                let grh = if ud { " plus the 40-byte GRH of UD" } else { "" };
                                 self.push(
                                     ErrorKind::Invalid,
                                     span.clone(),

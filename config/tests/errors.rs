@@ -15,10 +15,7 @@ fn unknown_field_suggests_the_closest() {
     assert_eq!(e.kind, ErrorKind::UnknownField);
     assert_eq!(e.line_column(), Some((8, 1)));
     assert_eq!(e.field, "workers[1].poll_burts");
-    assert_eq!(
-        e.message,
-        "unknown field `poll_burts`, did you mean `poll_burst`?"
-    );
+    assert_eq!(e.message, "unknown field `poll_burts`, did you mean `poll_burst`?");
     assert!(e.to_string().starts_with(
         "pipeline.toml:8:1: workers[1].poll_burts: unknown field `poll_burts`, did you mean `poll_burst`?; hint: known fields here: `name`, `core`, "
     ), "{e}");
@@ -61,11 +58,7 @@ fn toml_syntax_error() {
     assert_eq!(e.kind, ErrorKind::Syntax);
     assert_eq!(e.line_column(), Some((1, 10)));
     assert_eq!(e.field, "");
-    assert!(
-        e.to_string()
-            .starts_with("pipeline.toml:1:10: invalid table header; expected `.`, `]]`"),
-        "{e}"
-    );
+    assert!(e.to_string().starts_with("pipeline.toml:1:10: invalid table header; expected `.`, `]]`"), "{e}");
 }
 
 #[test]
@@ -100,10 +93,7 @@ fn dangling_stage_reference() {
 
 #[test]
 fn dangling_worker_reference() {
-    let e = one_error(&base_with(
-        "worker = \"w1\"\nkind = \"echo\"",
-        "worker = \"w2\"\nkind = \"echo\"",
-    ));
+    let e = one_error(&base_with("worker = \"w1\"\nkind = \"echo\"", "worker = \"w2\"\nkind = \"echo\""));
     assert_eq!(e.kind, ErrorKind::Dangling);
     assert_eq!(
         e.to_string(),
@@ -155,19 +145,12 @@ output = \"loop\"
     assert_eq!(errs.len(), 1, "{errs:?}");
     assert_eq!(errs[0].kind, ErrorKind::Cycle);
     assert_eq!(errs[0].line_column(), Some((42, 10)));
-    assert!(
-        errs[0].message.ends_with("cycle: loop -> loop"),
-        "{}",
-        errs[0]
-    );
+    assert!(errs[0].message.ends_with("cycle: loop -> loop"), "{}", errs[0]);
 }
 
 #[test]
 fn watermark_above_depth() {
-    let e = one_error(&base_with(
-        "core = 0\n",
-        "core = 0\nsrq_low_watermark = 2048\n",
-    ));
+    let e = one_error(&base_with("core = 0\n", "core = 0\nsrq_low_watermark = 2048\n"));
     assert_eq!(e.kind, ErrorKind::Invalid);
     assert_eq!(
         e.to_string(),
@@ -180,10 +163,7 @@ fn watermark_blames_the_depth_when_only_the_depth_was_written() {
     let e = one_error(&base_with("core = 0\n", "core = 0\nsrq_depth = 200\n"));
     assert_eq!(e.line_column(), Some((4, 13)));
     assert_eq!(e.field, "workers[0].srq_depth");
-    assert_eq!(
-        e.message,
-        "srq_low_watermark 256 must be below srq_depth 200"
-    );
+    assert_eq!(e.message, "srq_low_watermark 256 must be below srq_depth 200");
 }
 
 #[test]
@@ -198,10 +178,7 @@ fn doorbell_batch_above_send_depth() {
 
 #[test]
 fn signal_interval_needs_twice_the_depth() {
-    let e = one_error(&base_with(
-        "peer = \"b\"\n",
-        "peer = \"b\"\nsignal_interval = 100\n",
-    ));
+    let e = one_error(&base_with("peer = \"b\"\n", "peer = \"b\"\nsignal_interval = 100\n"));
     assert_eq!(
         e.to_string(),
         "pipeline.toml:13:19: qps[0].signal_interval: signal interval 100 needs send_depth >= 200 (two intervals in flight), but qp `a` has send_depth 128; hint: lower the signal interval to at most 64, or raise send_depth to 200"
@@ -210,24 +187,15 @@ fn signal_interval_needs_twice_the_depth() {
 
 #[test]
 fn rnr_retry_out_of_range() {
-    let e = one_error(&base_with(
-        "peer = \"b\"\n",
-        "peer = \"b\"\nrnr_retry = 8\n",
-    ));
+    let e = one_error(&base_with("peer = \"b\"\n", "peer = \"b\"\nrnr_retry = 8\n"));
     assert_eq!(e.line_column(), Some((13, 13)));
     assert_eq!(e.field, "qps[0].rnr_retry");
-    assert_eq!(
-        e.message,
-        "rnr_retry 8 is out of range: expected 0-7, where 7 retries forever"
-    );
+    assert_eq!(e.message, "rnr_retry 8 is out of range: expected 0-7, where 7 retries forever");
 }
 
 #[test]
 fn parameters_of_another_kind() {
-    let e = one_error(&base_with(
-        "input = \"b\"\n",
-        "input = \"b\"\nrate = 1000\n",
-    ));
+    let e = one_error(&base_with("input = \"b\"\n", "input = \"b\"\nrate = 1000\n"));
     assert_eq!(
         e.to_string(),
         "pipeline.toml:30:8: stages[1].rate: `rate` applies only to kind = \"source\"; hint: remove it from this echo stage"
@@ -250,10 +218,7 @@ fn asymmetric_rc_peers() {
 
 #[test]
 fn stage_on_the_wrong_worker_for_its_qp() {
-    let e = one_error(&base_with(
-        "worker = \"w0\"\nkind = \"sink\"",
-        "worker = \"w1\"\nkind = \"sink\"",
-    ));
+    let e = one_error(&base_with("worker = \"w0\"\nkind = \"sink\"", "worker = \"w1\"\nkind = \"sink\""));
     assert_eq!(
         e.to_string(),
         "pipeline.toml:35:9: stages[2].input: qp `a` is owned by worker `w0`, but stage `sink` runs on worker `w1`; hint: a worker polls and posts only its own qps: move the stage to `w0` or the qp to `w1`"
@@ -292,15 +257,8 @@ fn all_errors_are_reported_in_file_order() {
         .replacen("output = \"a\"\n", "output = \"zz\"\n", 1);
     let errs = errors(&text);
     let fields: Vec<&str> = errs.iter().map(|e| e.field.as_str()).collect();
-    assert_eq!(
-        fields,
-        ["workers[1].core", "qps[0].rnr_retry", "stages[0].output"]
-    );
-    let all = Config::from_str(&text, "pipeline.toml")
-        .unwrap()
-        .validate(&env())
-        .unwrap_err()
-        .to_string();
+    assert_eq!(fields, ["workers[1].core", "qps[0].rnr_retry", "stages[0].output"]);
+    let all = Config::from_str(&text, "pipeline.toml").unwrap().validate(&env()).unwrap_err().to_string();
     assert_eq!(all.lines().count(), 3);
 }
 
@@ -319,7 +277,5 @@ fn io_error_names_the_file() {
     let err = Config::from_file("/nonexistent/pipeline.toml").unwrap_err();
     assert_eq!(err.len(), 1);
     assert_eq!(err.0[0].kind, ErrorKind::Io);
-    assert!(err
-        .to_string()
-        .starts_with("/nonexistent/pipeline.toml: cannot read the file: "));
+    assert!(err.to_string().starts_with("/nonexistent/pipeline.toml: cannot read the file: "));
 }

@@ -6,25 +6,17 @@ use dataplane_config::{Config, PageSize, ValidationEnv};
 fn check(text: &str) {
     let envs = [
         ValidationEnv::with_cores([0, 1]),
-        ValidationEnv::with_cores([])
-            .with_free_hugepages(PageSize::Huge2M, 0)
-            .with_mem_available(0),
+        ValidationEnv::with_cores([]).with_free_hugepages(PageSize::Huge2M, 0).with_mem_available(0),
     ];
     let errors = match Config::from_str(text, "fuzz.toml") {
         Err(e) => vec![e],
-        Ok(c) => envs
-            .iter()
-            .filter_map(|env| c.validate(env).err())
-            .collect(),
+        Ok(c) => envs.iter().filter_map(|env| c.validate(env).err()).collect(),
     };
     for errs in errors {
         assert!(!errs.is_empty());
         for e in errs.iter() {
             let line = e.to_string();
-            assert!(
-                !line.contains('\n') && !line.contains('\r'),
-                "multi-line error: {line:?}"
-            );
+            assert!(!line.contains('\n') && !line.contains('\r'), "multi-line error: {line:?}");
         }
     }
 }
@@ -72,17 +64,11 @@ fn malformed_inputs_do_not_panic() {
 
 #[test]
 fn mutations_of_the_reference_do_not_panic() {
-    let text =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/reference.toml")).unwrap();
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/reference.toml")).unwrap();
     let lines: Vec<&str> = text.lines().collect();
     // Drop each line in turn: every field, header and reference goes missing once.
     for skip in 0..lines.len() {
-        let mutated: Vec<&str> = lines
-            .iter()
-            .enumerate()
-            .filter(|&(i, _)| i != skip)
-            .map(|(_, l)| *l)
-            .collect();
+        let mutated: Vec<&str> = lines.iter().enumerate().filter(|&(i, _)| i != skip).map(|(_, l)| *l).collect();
         check(&mutated.join("\n"));
     }
     // Truncate at many points, including inside strings and headers.

@@ -28,10 +28,7 @@ fn reference_values_are_the_defaults() {
     let workers: Vec<WorkerConfig> = vec![WorkerConfig::new("w0", 0), WorkerConfig::new("w1", 1)];
     assert_eq!(c.workers, workers);
 
-    let qp = |name: &str, worker: &str, peer: &str| QpConfig {
-        peer: Some(peer.into()),
-        ..QpConfig::new(name, worker)
-    };
+    let qp = |name: &str, worker: &str, peer: &str| QpConfig { peer: Some(peer.into()), ..QpConfig::new(name, worker) };
     assert_eq!(
         c.qps,
         vec![
@@ -42,12 +39,11 @@ fn reference_values_are_the_defaults() {
         ]
     );
 
-    let stage =
-        |name: &str, worker: &str, kind, input: Option<&str>, output: Option<&str>| StageConfig {
-            input: input.map(Located::from),
-            output: output.map(Located::from),
-            ..StageConfig::new(name, worker, kind)
-        };
+    let stage = |name: &str, worker: &str, kind, input: Option<&str>, output: Option<&str>| StageConfig {
+        input: input.map(Located::from),
+        output: output.map(Located::from),
+        ..StageConfig::new(name, worker, kind)
+    };
     let mut fan = stage("fan", "w0", StageKind::Fanout, Some("seq"), None);
     fan.outputs = Located::new(vec!["to-echo".into(), "to-fwd".into()]);
     assert_eq!(
@@ -114,8 +110,7 @@ fn reference_writes_every_field_explicitly() {
 fn reference_rdma_block_matches_the_defaults() {
     // The rdma fields are commented out in reference.toml (they are errors with kind = "shm");
     // uncommented, with kind = "rdma" and the shm fields removed, they give the defaults.
-    let text =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/reference.toml")).unwrap();
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/reference.toml")).unwrap();
     let mut out = String::new();
     for line in text.lines() {
         let line = match line {
@@ -142,10 +137,7 @@ fn defaults_in_code_match_the_documented_ones() {
     assert_eq!(*w.poll_burst, 32);
     assert_eq!(*w.idle, IdlePolicy::Spin);
     let q = QpConfig::new("q", "w");
-    assert_eq!(
-        (*q.rnr_retry, *q.min_rnr_timer, *q.send_depth),
-        (7, 12, 128)
-    );
+    assert_eq!((*q.rnr_retry, *q.min_rnr_timer, *q.send_depth), (7, 12, 128));
     let p = ProviderConfig::default();
     assert_eq!((*p.port, *p.gid_index), (1, 0));
     assert_eq!(*p.kind, ProviderKind::Shm);

@@ -8,8 +8,8 @@
 //! PD alive, an MR keeps its PD and memory alive, so no handle can outlive what it points into.
 
 use crate::verbs::{
-    AccessFlags, AhAttr, AhHandle, AsyncEvent, DeviceCaps, Endpoint, PortAttr, PostError, QpAttr,
-    QpCaps, QpState, QpType, RecvChain, Result, SendChain, SrqAttr, SrqAttrMask, WorkCompletion,
+    AccessFlags, AhAttr, AhHandle, AsyncEvent, DeviceCaps, Endpoint, PortAttr, PostError, QpAttr, QpCaps, QpState,
+    QpType, RecvChain, Result, SendChain, SrqAttr, SrqAttrMask, WorkCompletion,
 };
 
 /// An engine that implements the verbs.

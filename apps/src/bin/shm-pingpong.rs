@@ -90,7 +90,8 @@ fn huge_policy(s: &str) -> HugePolicy {
 
 impl End {
     fn open(fabric: &str, huge: HugePolicy) -> End {
-        let ctx = Shm::open(&ShmConfig { fabric: fabric.into(), size: 128 << 20, huge }).unwrap_or_else(|e| fail("open fabric", e));
+        let ctx = Shm::open(&ShmConfig { fabric: fabric.into(), size: 128 << 20, huge })
+            .unwrap_or_else(|e| fail("open fabric", e));
         let pd = ctx.alloc_pd().unwrap_or_else(|e| fail("alloc_pd", e));
         let len = SLOT * (RQ_DEPTH as usize + 64);
         let region = ctx.alloc_region(len).unwrap_or_else(|e| fail("alloc_region", e));
@@ -118,7 +119,11 @@ impl End {
         for chunk in slots.chunks(64) {
             self.rchain.clear();
             for &s in chunk {
-                let sge = Sge::new(self.mr.addr() + (64 + s as usize % RQ_DEPTH as usize) as u64 * SLOT as u64, SLOT as u32, self.mr.lkey());
+                let sge = Sge::new(
+                    self.mr.addr() + (64 + s as usize % RQ_DEPTH as usize) as u64 * SLOT as u64,
+                    SLOT as u32,
+                    self.mr.lkey(),
+                );
                 self.rchain.push(RecvWr::new(s), &[sge]);
             }
             self.qp.post_recv(&self.rchain).unwrap_or_else(|e| fail("post_recv", e));
@@ -217,7 +222,9 @@ fn client(args: &Args) {
     let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
     let peer: u32 = loop {
         match out.next() {
-            Some(Ok(l)) if l.starts_with("QPN ") => break l[4..].trim().parse().unwrap_or_else(|err| fail("server QPN", err)),
+            Some(Ok(l)) if l.starts_with("QPN ") => {
+                break l[4..].trim().parse().unwrap_or_else(|err| fail("server QPN", err))
+            }
             Some(Ok(_)) => continue,
             _ => fail("server", "exited before telling its QPN"),
         }
@@ -228,7 +235,13 @@ fn client(args: &Args) {
         b if b.is_huge() => "huge pages".to_string(),
         b => format!("4 KiB pages ({})", b.fallback_reason().unwrap_or("huge pages not requested")),
     };
-    println!("shm-pingpong: fabric {:?}, {}, client core {}, server core {}", e.ctx.fabric_name(), backing, args.core, args.peer_core);
+    println!(
+        "shm-pingpong: fabric {:?}, {}, client core {}, server core {}",
+        e.ctx.fabric_name(),
+        backing,
+        args.core,
+        args.peer_core
+    );
     e.region.fill(0, args.size as usize, 0x5a);
 
     let mut wc = vec![WorkCompletion::default(); 64];

@@ -49,11 +49,7 @@ pub fn env() -> ValidationEnv {
 
 /// `BASE` with `from` replaced by `to` (which must occur exactly once).
 pub fn base_with(from: &str, to: &str) -> String {
-    assert_eq!(
-        BASE.matches(from).count(),
-        1,
-        "`{from}` must occur once in BASE"
-    );
+    assert_eq!(BASE.matches(from).count(), 1, "`{from}` must occur once in BASE");
     BASE.replacen(from, to, 1)
 }
 
@@ -77,10 +73,7 @@ pub fn one_error(text: &str) -> ConfigError {
         errs.len(),
         1,
         "expected one error, got:\n{}",
-        errs.iter()
-            .map(|e| e.to_string())
-            .collect::<Vec<_>>()
-            .join("\n")
+        errs.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n")
     );
     errs.into_iter().next().unwrap()
 }

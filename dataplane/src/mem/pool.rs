@@ -191,12 +191,7 @@ impl Ring {
             // pos..pos+n. Nobody else can claim them once it succeeds, and their slots
             // cannot be reused before we release them below, so the values checked above are
             // still ours. (Positions are 64-bit and never wrap in practice, so no ABA.)
-            match self.head.compare_exchange_weak(
-                pos,
-                pos.wrapping_add(n),
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            ) {
+            match self.head.compare_exchange_weak(pos, pos.wrapping_add(n), Ordering::Relaxed, Ordering::Relaxed) {
                 Ok(_) => {
                     for (i, o) in out[..n].iter_mut().enumerate() {
                         let p = pos.wrapping_add(i);
@@ -205,8 +200,7 @@ impl Ring {
                         *o = slot.val.load(Ordering::Relaxed);
                         // Release: orders our read of `val` before the next producer (who
                         // acquires this `seq`) overwrites it.
-                        slot.seq
-                            .store(p.wrapping_add(self.mask).wrapping_add(1), Ordering::Release);
+                        slot.seq.store(p.wrapping_add(self.mask).wrapping_add(1), Ordering::Release);
                     }
                     return n;
                 }
@@ -258,12 +252,7 @@ impl Ring {
             }
             // Relaxed: the CAS only decides ownership of positions pos..pos+n (see
             // `pop_many`); publication is by the Release stores of `seq` below.
-            match self.tail.compare_exchange_weak(
-                pos,
-                pos.wrapping_add(n),
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            ) {
+            match self.tail.compare_exchange_weak(pos, pos.wrapping_add(n), Ordering::Relaxed, Ordering::Relaxed) {
                 Ok(_) => {
                     for (i, &v) in vals[done..done + n].iter().enumerate() {
                         let p = pos.wrapping_add(i);
@@ -330,11 +319,7 @@ impl Inner {
         let tag = state.load(Ordering::Relaxed).wrapping_add(1);
         debug_assert!(tag & 1 == 1, "free buffer {index} had an odd state");
         state.store(tag, Ordering::Relaxed);
-        Buf {
-            addr: self.addr_of_index(index),
-            index,
-            tag,
-        }
+        Buf { addr: self.addr_of_index(index), index, tag }
     }
 
     /// Checks `buf` and marks it free; returns its index, which the caller must then put in
@@ -347,10 +332,7 @@ impl Inner {
         if buf.tag & 1 == 0 {
             return Err(Error::new(
                 Errno::EINVAL,
-                format!(
-                    "buffer {} returned twice (the handle is for a free buffer)",
-                    buf.index
-                ),
+                format!("buffer {} returned twice (the handle is for a free buffer)", buf.index),
             ));
         }
         // Relaxed: the CAS only has to be atomic, so that exactly one of several returns of
@@ -470,14 +452,7 @@ impl BufferPool {
         let base = region.as_ptr().wrapping_add(offset);
         // The region is moved into the pool, so it outlives every handle to the pool: that
         // is the contract of `new` for `base..base + len - offset`.
-        Self::build(
-            base,
-            len - offset,
-            buf_size,
-            count,
-            offset,
-            Some(Box::new(region)),
-        )
+        Self::build(base, len - offset, buf_size, count, offset, Some(Box::new(region)))
     }
 
     fn build(
@@ -493,10 +468,7 @@ impl BufferPool {
             return inval("buffer pool base is null".into());
         };
         if base.as_ptr() as usize % CACHE_LINE != 0 {
-            return inval(format!(
-                "buffer pool base {:p} is not aligned to {CACHE_LINE} bytes",
-                base.as_ptr()
-            ));
+            return inval(format!("buffer pool base {:p} is not aligned to {CACHE_LINE} bytes", base.as_ptr()));
         }
         if buf_size == 0 {
             return inval("buffer size must be > 0".into());
@@ -578,11 +550,7 @@ impl BufferPool {
     ///
     /// Panics if `buf`'s index is out of range for this pool.
     pub fn offset_of(&self, buf: Buf) -> usize {
-        assert!(
-            buf.index < self.inner.count,
-            "buffer {} is not in this pool",
-            buf.index
-        );
+        assert!(buf.index < self.inner.count, "buffer {} is not in this pool", buf.index);
         buf.index as usize * self.inner.stride
     }
 
@@ -867,8 +835,7 @@ mod tests {
     use std::collections::HashSet;
 
     fn region_pool(buf_size: usize, count: usize) -> BufferPool {
-        let region =
-            Region::anonymous(buf_size.next_multiple_of(64) * count, HugePolicy::Never).unwrap();
+        let region = Region::anonymous(buf_size.next_multiple_of(64) * count, HugePolicy::Never).unwrap();
         BufferPool::from_region(Arc::new(region), 0, buf_size, count).unwrap()
     }
 
@@ -877,11 +844,7 @@ mod tests {
         let mut seen = HashSet::new();
         let mut all = Vec::new();
         while let Some(b) = pool.get() {
-            assert!(
-                seen.insert(b.index()),
-                "index {} handed out twice",
-                b.index()
-            );
+            assert!(seen.insert(b.index()), "index {} handed out twice", b.index());
             all.push(b);
         }
         all
@@ -948,10 +911,7 @@ mod tests {
     #[test]
     fn get_put_exhaustion_and_outstanding() {
         let pool = region_pool(100, 8);
-        assert_eq!(
-            (pool.count(), pool.available(), pool.outstanding()),
-            (8, 8, 0)
-        );
+        assert_eq!((pool.count(), pool.available(), pool.outstanding()), (8, 8, 0));
         let bufs: Vec<Buf> = (0..8).map(|_| pool.get().unwrap()).collect();
         assert_eq!(pool.get(), None);
         assert_eq!((pool.available(), pool.outstanding()), (0, 8));
@@ -1041,11 +1001,7 @@ mod tests {
         c.put(b).unwrap();
         let e = c.put(b).unwrap_err();
         assert_eq!(e.errno, Errno::EINVAL);
-        assert!(
-            e.msg
-                .contains(&format!("buffer {} returned twice", b.index())),
-            "{e}"
-        );
+        assert!(e.msg.contains(&format!("buffer {} returned twice", b.index())), "{e}");
         let e = pool.put(b).unwrap_err();
         assert!(e.msg.contains("returned twice"), "{e}");
         // A stale handle after the buffer was handed out again.
@@ -1090,16 +1046,7 @@ mod tests {
             let sge = pool.sge(b, 7);
             assert_eq!((sge.addr, sge.length, sge.lkey), (addr, 128, 7));
         }
-        for bad in [
-            0,
-            base - 128,
-            base - 1,
-            base + 1,
-            base + 64,
-            base + 127,
-            base + 1280,
-            u64::MAX,
-        ] {
+        for bad in [0, base - 128, base - 1, base + 1, base + 64, base + 127, base + 1280, u64::MAX] {
             assert_eq!(pool.index_of_addr(bad), None, "{bad:#x}");
         }
         // A handle rebuilt from an owned buffer's address can be returned.
@@ -1135,8 +1082,7 @@ mod tests {
         const THREADS: usize = 4;
         const ITERS: usize = 100_000;
         let pool = region_pool(64, 1024);
-        let (txs, rxs): (Vec<_>, Vec<_>) =
-            (0..THREADS).map(|_| mpsc::channel::<(Buf, u64)>()).unzip();
+        let (txs, rxs): (Vec<_>, Vec<_>) = (0..THREADS).map(|_| mpsc::channel::<(Buf, u64)>()).unzip();
         let mut rxs: Vec<Option<_>> = rxs.into_iter().map(Some).collect();
         let handles: Vec<_> = (0..THREADS)
             .map(|t| {
@@ -1149,18 +1095,9 @@ mod tests {
                         // SAFETY: the buffer is held by this thread (handed over through the
                         // pool or the channel, both synchronizing); 64-byte aligned.
                         let got = unsafe { pool.ptr_of(b).cast::<u64>().read() };
-                        assert_eq!(
-                            got,
-                            mark,
-                            "buffer {} was written by someone else",
-                            b.index()
-                        );
+                        assert_eq!(got, mark, "buffer {} was written by someone else", b.index());
                     };
-                    let mut many = [Buf {
-                        addr: 0,
-                        index: 0,
-                        tag: 0,
-                    }; 8];
+                    let mut many = [Buf { addr: 0, index: 0, tag: 0 }; 8];
                     for i in 0..ITERS {
                         while let Ok((b, mark)) = rx.try_recv() {
                             check(b, mark);

@@ -170,11 +170,7 @@ pub fn hugetlbfs_mount(page: PageSize) -> Option<PathBuf> {
         if f.len() < 4 || f[2] != "hugetlbfs" {
             continue;
         }
-        let size = f[3]
-            .split(',')
-            .find_map(|o| o.strip_prefix("pagesize="))
-            .map(parse_size)
-            .unwrap_or(default_huge);
+        let size = f[3].split(',').find_map(|o| o.strip_prefix("pagesize=")).map(parse_size).unwrap_or(default_huge);
         if size == Some(page.bytes()) {
             return Some(PathBuf::from(f[1]));
         }
@@ -325,18 +321,16 @@ impl Region {
         }
         let reason = match policy {
             HugePolicy::Never => None,
-            HugePolicy::Require(page) | HugePolicy::Prefer(page) => {
-                match Self::create_hugetlbfs(&fname, len, page) {
-                    Ok(r) => return Ok(r),
-                    Err(e) if e.errno == Errno::EEXIST => return Err(e),
-                    Err(e) => {
-                        if let HugePolicy::Require(_) = policy {
-                            return Err(e);
-                        }
-                        Some(e.msg)
+            HugePolicy::Require(page) | HugePolicy::Prefer(page) => match Self::create_hugetlbfs(&fname, len, page) {
+                Ok(r) => return Ok(r),
+                Err(e) if e.errno == Errno::EEXIST => return Err(e),
+                Err(e) => {
+                    if let HugePolicy::Require(_) = policy {
+                        return Err(e);
                     }
+                    Some(e.msg)
                 }
-            }
+            },
         };
         let path = Path::new(SHM_DIR).join(&fname);
         let fd = open_file(&path, true)?;
@@ -357,10 +351,7 @@ impl Region {
         let need = (len / page.bytes()) as u64;
         let free = free_hugepages(page);
         if free < need {
-            return Err(Error::new(
-                Errno::ENOMEM,
-                format!("{need} free {page:?} pages needed, {free} free"),
-            ));
+            return Err(Error::new(Errno::ENOMEM, format!("{need} free {page:?} pages needed, {free} free")));
         }
         let path = dir.join(fname);
         let fd = open_file(&path, true)?;

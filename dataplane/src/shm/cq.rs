@@ -244,7 +244,10 @@ impl crate::provider::Cq for ShmCq {
             }
         }
         if n == 0 && f.cq_slot(sh.idx).overrun.load(Ordering::Relaxed) != 0 {
-            return Err(Error::new(Errno::EIO, format!("CQ {} overran (more completions than entries) and is in error", sh.cqn)));
+            return Err(Error::new(
+                Errno::EIO,
+                format!("CQ {} overran (more completions than entries) and is in error", sh.cqn),
+            ));
         }
         Ok(n)
     }

@@ -83,7 +83,9 @@ fn resolve_dest(f: &Fabric, qpn: u32) -> Option<DestView> {
         (None, Some(srq_view(f, srqn)?))
     } else {
         let sge = s.rq_sge.load(Ordering::Relaxed).min(MAX_SGE as u32);
-        let ring = f.ring(s.rq_off.load(Ordering::Relaxed), s.rq_cap.load(Ordering::Relaxed) as usize, recv_stride(sge)).ok()?;
+        let ring = f
+            .ring(s.rq_off.load(Ordering::Relaxed), s.rq_cap.load(Ordering::Relaxed) as usize, recv_stride(sge))
+            .ok()?;
         (Some(ring), None)
     };
     let cqn = s.recv_cqn.load(Ordering::Relaxed);
@@ -311,7 +313,9 @@ fn exec_wr(f: &Fabric, st: &mut SqState, wr: &SendWr, src: &[Seg], total: u64) -
             if wr.remote_addr % 8 != 0 {
                 return fail(WcStatus::RemInvReqErr);
             }
-            let Some(mr) = remote_mr(f, &d, wr, AccessFlags::REMOTE_ATOMIC) else { return fail(WcStatus::RemAccessErr) };
+            let Some(mr) = remote_mr(f, &d, wr, AccessFlags::REMOTE_ATOMIC) else {
+                return fail(WcStatus::RemAccessErr);
+            };
             let Some(a) = mr.fabric_offset(wr.remote_addr, 8).and_then(|off| atomic_u64_at(f, off)) else {
                 return fail(WcStatus::RemAccessErr);
             };
@@ -362,7 +366,15 @@ pub(crate) const AH_GLOBAL: u64 = 1 << 32;
 /// Checks one send WR at post time and resolves its local memory. Returns the number of
 /// segments and the total length.
 #[inline]
-fn prepare(f: &Fabric, st: &SqState, wr: &SendWr, sges: &[Sge], inline: Option<&[u8]>, i: usize, segs: &mut [Seg; MAX_SGE]) -> std::result::Result<(usize, u64, bool), PostError> {
+fn prepare(
+    f: &Fabric,
+    st: &SqState,
+    wr: &SendWr,
+    sges: &[Sge],
+    inline: Option<&[u8]>,
+    i: usize,
+    segs: &mut [Seg; MAX_SGE],
+) -> std::result::Result<(usize, u64, bool), PostError> {
     let op = wr.opcode;
     if !op.allowed_on(st.qp_type) {
         return Err(PostError::new(Errno::EINVAL, i, "opcode not allowed on this QP type (ibv_post_send(3) table)"));
@@ -389,7 +401,8 @@ fn prepare(f: &Fabric, st: &SqState, wr: &SendWr, sges: &[Sge], inline: Option<&
                 let Some(off) = f.offset_of(s.addr, s.length as u64) else {
                     return Err(PostError::new(Errno::EINVAL, i, "inline SGE outside the fabric's memory"));
                 };
-                segs[k] = Seg { ptr: f.ptr(off, s.length as u64).unwrap_or(std::ptr::null_mut()), len: s.length as usize };
+                segs[k] =
+                    Seg { ptr: f.ptr(off, s.length as u64).unwrap_or(std::ptr::null_mut()), len: s.length as usize };
                 total += s.length as u64;
             }
             (sges.len(), total)
@@ -425,7 +438,11 @@ fn prepare(f: &Fabric, st: &SqState, wr: &SendWr, sges: &[Sge], inline: Option<&
 pub(crate) fn post_send(f: &Fabric, st: &mut SqState, chain: &SendChain) -> std::result::Result<(), PostError> {
     let mut state = st.state();
     if !state.accepts_post_send() {
-        return Err(PostError::new(Errno::EINVAL, 0, "QP is not ready to send (post_send needs RTS, SQD, SQE or ERROR)"));
+        return Err(PostError::new(
+            Errno::EINVAL,
+            0,
+            "QP is not ready to send (post_send needs RTS, SQD, SQE or ERROR)",
+        ));
     }
     if !st.pending.is_empty() {
         run_pending(f, st);
@@ -518,7 +535,10 @@ pub(crate) fn run_pending(f: &Fabric, st: &mut SqState) {
                     (1, bytes.len() as u64)
                 }
                 None => {
-                    let need_write = matches!(p.wr.opcode, WrOpcode::RdmaRead | WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd);
+                    let need_write = matches!(
+                        p.wr.opcode,
+                        WrOpcode::RdmaRead | WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd
+                    );
                     let sges: [Sge; MAX_SGE] = std::array::from_fn(|k| sges.get(k).copied().unwrap_or_default());
                     match resolve_local(f, st.pd, &sges[..p.n_sge as usize], need_write, &mut segs) {
                         Ok(v) => v,
@@ -545,11 +565,16 @@ pub(crate) fn run_pending(f: &Fabric, st: &mut SqState) {
                     Some(b) if b.kind == kind => b,
                     _ => first_block(f, st, kind),
                 };
-                let forever = (kind == BlockKind::Rnr && st.rnr_retry == 7) || (kind == BlockKind::Unreachable && st.timeout_ns.is_none());
+                let forever = (kind == BlockKind::Rnr && st.rnr_retry == 7)
+                    || (kind == BlockKind::Unreachable && st.timeout_ns.is_none());
                 let peer_dead = st.dest.is_some_and(|d| !pid_alive(d.pid));
                 if peer_dead || (!forever && b.left == 0) {
                     st.pending.pop_front();
-                    let status = if kind == BlockKind::Rnr && !peer_dead { WcStatus::RnrRetryExcErr } else { WcStatus::RetryExcErr };
+                    let status = if kind == BlockKind::Rnr && !peer_dead {
+                        WcStatus::RnrRetryExcErr
+                    } else {
+                        WcStatus::RetryExcErr
+                    };
                     finish(f, st, &p.wr, p.wqe, status, 0);
                     return;
                 }

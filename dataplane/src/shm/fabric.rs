@@ -76,7 +76,9 @@ impl Fabric {
                 None => {
                     return Err(Error::new(
                         Errno::ETIMEDOUT,
-                        format!("fabric {name:?} stayed unusable for 5 s (being created or torn down by another process)"),
+                        format!(
+                            "fabric {name:?} stayed unusable for 5 s (being created or torn down by another process)"
+                        ),
                     ))
                 }
             }

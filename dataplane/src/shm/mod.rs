@@ -229,7 +229,10 @@ impl crate::Pd<Shm> for ShmPd {
 
     fn create_ah(&self, attr: &AhAttr) -> Result<ShmAh> {
         if attr.port_num != 1 {
-            return Err(Error::new(Errno::EINVAL, format!("port {} does not exist (the shm device has port 1)", attr.port_num)));
+            return Err(Error::new(
+                Errno::EINVAL,
+                format!("port {} does not exist (the shm device has port 1)", attr.port_num),
+            ));
         }
         if attr.is_global && attr.sgid_index != 0 {
             return Err(Error::new(Errno::EINVAL, format!("sgid_index {} is out of range", attr.sgid_index)));

@@ -42,7 +42,10 @@ impl ShmRegion {
             return Err(Error::new(Errno::EINVAL, "region length must be > 0"));
         }
         let off = ctx.fabric.alloc(len as u64)?;
-        let ptr = ctx.fabric.ptr(off, len as u64).ok_or_else(|| Error::new(Errno::EFAULT, "arena range outside the fabric"))?;
+        let ptr = ctx
+            .fabric
+            .ptr(off, len as u64)
+            .ok_or_else(|| Error::new(Errno::EFAULT, "arena range outside the fabric"))?;
         // SAFETY: freshly allocated arena bytes, ours alone until published by registration.
         unsafe { std::ptr::write_bytes(ptr, 0, len) };
         Ok(ShmRegion { inner: Arc::new(RegionInner { ctx: ctx.clone(), off, len: len as u64, ptr }) })
@@ -80,7 +83,13 @@ pub struct ShmMr {
 }
 
 impl ShmMr {
-    pub(crate) fn register(pd: &Arc<PdInner>, region: &ShmRegion, offset: usize, len: usize, access: AccessFlags) -> Result<ShmMr> {
+    pub(crate) fn register(
+        pd: &Arc<PdInner>,
+        region: &ShmRegion,
+        offset: usize,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<ShmMr> {
         let f = &pd.ctx.fabric;
         if !Arc::ptr_eq(&region.inner.ctx.fabric, &pd.ctx.fabric) {
             return Err(Error::new(Errno::EINVAL, "region belongs to another fabric"));
@@ -91,8 +100,13 @@ impl ShmMr {
                 format!("MR range {offset}+{len} is empty or outside the {}-byte region", region.inner.len),
             ));
         }
-        if access.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC) && !access.contains(AccessFlags::LOCAL_WRITE) {
-            return Err(Error::new(Errno::EINVAL, "REMOTE_WRITE and REMOTE_ATOMIC require LOCAL_WRITE (ibv_reg_mr(3))"));
+        if access.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
+            && !access.contains(AccessFlags::LOCAL_WRITE)
+        {
+            return Err(Error::new(
+                Errno::EINVAL,
+                "REMOTE_WRITE and REMOTE_ATOMIC require LOCAL_WRITE (ibv_reg_mr(3))",
+            ));
         }
         let off = region.inner.off + offset as u64;
         let va = region.inner.ptr as u64 + offset as u64;

@@ -273,7 +273,13 @@ fn flush_rq(f: &Fabric, s: &QpSlot, qpn: u32) {
     let cqn = s.recv_cqn.load(Ordering::Relaxed);
     let mut e = RecvEntry::default();
     while recvq::pop(&rq, &mut e) {
-        let wc = WorkCompletion { wr_id: e.wr_id, status: WcStatus::WrFlushErr, opcode: WcOpcode::Recv, qp_num: qpn, ..Default::default() };
+        let wc = WorkCompletion {
+            wr_id: e.wr_id,
+            status: WcStatus::WrFlushErr,
+            opcode: WcOpcode::Recv,
+            qp_num: qpn,
+            ..Default::default()
+        };
         push_cqe(f, &cq, cqn, &Cqe { wc, retire: None });
     }
 }
@@ -302,13 +308,19 @@ impl ShmQp {
             return Err(Error::new(Errno::EINVAL, "CQ belongs to another fabric"));
         }
         if c.max_send_wr == 0 || c.max_send_wr > caps.max_qp_wr {
-            return Err(Error::new(Errno::EINVAL, format!("max_send_wr {} must be 1..={}", c.max_send_wr, caps.max_qp_wr)));
+            return Err(Error::new(
+                Errno::EINVAL,
+                format!("max_send_wr {} must be 1..={}", c.max_send_wr, caps.max_qp_wr),
+            ));
         }
         if c.max_send_sge > caps.max_sge || c.max_recv_sge > caps.max_sge {
             return Err(Error::new(Errno::EINVAL, format!("max_send_sge/max_recv_sge must be <= {}", caps.max_sge)));
         }
         if c.max_inline_data > caps.max_inline_data {
-            return Err(Error::new(Errno::EINVAL, format!("max_inline_data {} is above the device's {}", c.max_inline_data, caps.max_inline_data)));
+            return Err(Error::new(
+                Errno::EINVAL,
+                format!("max_inline_data {} is above the device's {}", c.max_inline_data, caps.max_inline_data),
+            ));
         }
         let srq = match attr.srq {
             Some(s) => {
@@ -319,7 +331,10 @@ impl ShmQp {
             }
             None => {
                 if c.max_recv_wr == 0 || c.max_recv_wr > caps.max_qp_wr {
-                    return Err(Error::new(Errno::EINVAL, format!("max_recv_wr {} must be 1..={} without an SRQ", c.max_recv_wr, caps.max_qp_wr)));
+                    return Err(Error::new(
+                        Errno::EINVAL,
+                        format!("max_recv_wr {} must be 1..={} without an SRQ", c.max_recv_wr, caps.max_qp_wr),
+                    ));
                 }
                 None
             }
@@ -426,7 +441,13 @@ impl ShmQp {
             idx,
             qpn,
             qp_type: attr.qp_type,
-            caps: QpCaps { max_send_wr: depth, max_recv_wr: rq_caps, max_send_sge: max_sge, max_recv_sge: rq_sge, max_inline_data: max_inline },
+            caps: QpCaps {
+                max_send_wr: depth,
+                max_recv_wr: rq_caps,
+                max_send_sge: max_sge,
+                max_recv_sge: rq_sge,
+                max_inline_data: max_inline,
+            },
         })
     }
 
@@ -500,7 +521,10 @@ impl crate::provider::Qp for ShmQp {
         let cur = self.state();
         let to = attr.state;
         if !cur.can_transition(to) {
-            return Err(crate::verbs::Error::new(Errno::EINVAL, format!("QP {:#x}: transition {cur:?} -> {to:?} is not allowed", self.qpn)));
+            return Err(crate::verbs::Error::new(
+                Errno::EINVAL,
+                format!("QP {:#x}: transition {cur:?} -> {to:?} is not allowed", self.qpn),
+            ));
         }
         let s = self.slot();
         let mut g = self.sq.lock();
@@ -530,7 +554,10 @@ impl crate::provider::Qp for ShmQp {
             (Reset, Init) | (Init, Init) => {
                 check_port(attr.port_num)?;
                 if attr.pkey_index != 0 {
-                    return Err(crate::verbs::Error::new(Errno::EINVAL, format!("pkey_index {} is out of range (table has 1 entry)", attr.pkey_index)));
+                    return Err(crate::verbs::Error::new(
+                        Errno::EINVAL,
+                        format!("pkey_index {} is out of range (table has 1 entry)", attr.pkey_index),
+                    ));
                 }
                 s.access.store(attr.access.bits(), Ordering::Relaxed);
                 if self.qp_type == QpType::Ud {
@@ -540,14 +567,20 @@ impl crate::provider::Qp for ShmQp {
             }
             (Init, Rtr) => {
                 if ![256, 512, 1024, 2048, 4096].contains(&attr.path_mtu) {
-                    return Err(crate::verbs::Error::new(Errno::EINVAL, format!("path_mtu {} must be 256, 512, 1024, 2048 or 4096", attr.path_mtu)));
+                    return Err(crate::verbs::Error::new(
+                        Errno::EINVAL,
+                        format!("path_mtu {} must be 256, 512, 1024, 2048 or 4096", attr.path_mtu),
+                    ));
                 }
                 if self.qp_type.is_connected() {
                     if attr.dest_qp_num == 0 {
                         return Err(crate::verbs::Error::new(Errno::EINVAL, "RTR of a connected QP needs dest_qp_num"));
                     }
                     if attr.min_rnr_timer > 31 {
-                        return Err(crate::verbs::Error::new(Errno::EINVAL, format!("min_rnr_timer {} must be 0..=31", attr.min_rnr_timer)));
+                        return Err(crate::verbs::Error::new(
+                            Errno::EINVAL,
+                            format!("min_rnr_timer {} must be 0..=31", attr.min_rnr_timer),
+                        ));
                     }
                     s.dest_qpn.store(attr.dest_qp_num, Ordering::Relaxed);
                     s.min_rnr_timer.store(attr.min_rnr_timer as u32, Ordering::Relaxed);
@@ -558,7 +591,10 @@ impl crate::provider::Qp for ShmQp {
             (Rtr, Rts) | (Rts, Rts) | (Sqd, Rts) | (Sqe, Rts) | (Rts, Sqd) | (Sqd, Sqd) => {
                 if to == Rts && cur == Rtr && self.qp_type == QpType::Rc {
                     if attr.retry_cnt > 7 || attr.rnr_retry > 7 {
-                        return Err(crate::verbs::Error::new(Errno::EINVAL, format!("retry_cnt {} and rnr_retry {} must be 0..=7", attr.retry_cnt, attr.rnr_retry)));
+                        return Err(crate::verbs::Error::new(
+                            Errno::EINVAL,
+                            format!("retry_cnt {} and rnr_retry {} must be 0..=7", attr.retry_cnt, attr.rnr_retry),
+                        ));
                     }
                     g.retry_cnt = attr.retry_cnt;
                     g.rnr_retry = attr.rnr_retry;
@@ -569,10 +605,14 @@ impl crate::provider::Qp for ShmQp {
         }
         drop(g);
         // A peer may have moved us to ERROR meanwhile: only move from the state we checked.
-        s.state
-            .compare_exchange(cur as u32, to as u32, Ordering::AcqRel, Ordering::Acquire)
-            .map(|_| ())
-            .map_err(|now| crate::verbs::Error::new(Errno::EINVAL, format!("QP {:#x} changed state to {:?} during modify", self.qpn, QpState::from_u8(now as u8))))
+        s.state.compare_exchange(cur as u32, to as u32, Ordering::AcqRel, Ordering::Acquire).map(|_| ()).map_err(
+            |now| {
+                crate::verbs::Error::new(
+                    Errno::EINVAL,
+                    format!("QP {:#x} changed state to {:?} during modify", self.qpn, QpState::from_u8(now as u8)),
+                )
+            },
+        )
     }
 
     fn post_send(&mut self, chain: &SendChain) -> std::result::Result<(), PostError> {
@@ -613,7 +653,13 @@ impl ShmQp {
 /// Resolves local SGEs for a send into segments of this process; used at post time and again
 /// when a pending WQE runs.
 #[inline]
-pub(crate) fn resolve_local(f: &Fabric, pd: u32, sges: &[Sge], need_write: bool, out: &mut [Seg; MAX_SGE]) -> std::result::Result<(usize, u64), &'static str> {
+pub(crate) fn resolve_local(
+    f: &Fabric,
+    pd: u32,
+    sges: &[Sge],
+    need_write: bool,
+    out: &mut [Seg; MAX_SGE],
+) -> std::result::Result<(usize, u64), &'static str> {
     let mut total = 0u64;
     for (k, s) in sges.iter().enumerate() {
         let Some(mr) = mr_lookup(f, s.lkey) else { return Err("unknown lkey") };

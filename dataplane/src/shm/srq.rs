@@ -43,13 +43,22 @@ impl ShmSrq {
     pub(crate) fn create(ctx: &Arc<CtxInner>, pd: u32, attr: &SrqAttr) -> Result<ShmSrq> {
         let caps = ctx.caps;
         if attr.max_wr == 0 || attr.max_wr > caps.max_srq_wr {
-            return Err(Error::new(Errno::EINVAL, format!("SRQ max_wr {} must be 1..={}", attr.max_wr, caps.max_srq_wr)));
+            return Err(Error::new(
+                Errno::EINVAL,
+                format!("SRQ max_wr {} must be 1..={}", attr.max_wr, caps.max_srq_wr),
+            ));
         }
         if attr.max_sge == 0 || attr.max_sge > caps.max_srq_sge {
-            return Err(Error::new(Errno::EINVAL, format!("SRQ max_sge {} must be 1..={}", attr.max_sge, caps.max_srq_sge)));
+            return Err(Error::new(
+                Errno::EINVAL,
+                format!("SRQ max_sge {} must be 1..={}", attr.max_sge, caps.max_srq_sge),
+            ));
         }
         if attr.srq_limit > attr.max_wr {
-            return Err(Error::new(Errno::EINVAL, format!("SRQ limit {} is above max_wr {}", attr.srq_limit, attr.max_wr)));
+            return Err(Error::new(
+                Errno::EINVAL,
+                format!("SRQ limit {} is above max_wr {}", attr.srq_limit, attr.max_wr),
+            ));
         }
         let f = &ctx.fabric;
         let cap = attr.max_wr.next_power_of_two() as usize;
@@ -92,7 +101,16 @@ impl ShmSrq {
         s.srqn.store(srqn, Ordering::Release);
         drop(l);
         Ok(ShmSrq {
-            shared: Arc::new(SrqShared { ctx: ctx.clone(), idx, srqn, pd, ring, max_sge: attr.max_sge, ring_off, ring_len }),
+            shared: Arc::new(SrqShared {
+                ctx: ctx.clone(),
+                idx,
+                srqn,
+                pd,
+                ring,
+                max_sge: attr.max_sge,
+                ring_off,
+                ring_len,
+            }),
         })
     }
 
@@ -142,7 +160,10 @@ impl SrqView {
         }
         let s = f.srq_slot(self.idx);
         let limit = s.limit.load(Ordering::Relaxed);
-        if limit != 0 && self.ring.len() < limit as u64 && s.limit.compare_exchange(limit, 0, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+        if limit != 0
+            && self.ring.len() < limit as u64
+            && s.limit.compare_exchange(limit, 0, Ordering::AcqRel, Ordering::Relaxed).is_ok()
+        {
             f.post_event(s.ctx.load(Ordering::Relaxed) as usize, super::EVENT_SRQ_LIMIT, self.srqn);
         }
         true
@@ -177,6 +198,10 @@ impl crate::provider::Srq for ShmSrq {
     fn query(&self) -> Result<SrqAttr> {
         let sh = &*self.shared;
         let s = sh.ctx.fabric.srq_slot(sh.idx);
-        Ok(SrqAttr { max_wr: sh.ring.capacity() as u32, max_sge: sh.max_sge, srq_limit: s.limit.load(Ordering::Acquire) })
+        Ok(SrqAttr {
+            max_wr: sh.ring.capacity() as u32,
+            max_sge: sh.max_sge,
+            srq_limit: s.limit.load(Ordering::Acquire),
+        })
     }
 }

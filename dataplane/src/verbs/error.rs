@@ -55,8 +55,8 @@ impl Errno {
     pub fn from_raw(v: i32) -> Errno {
         use Errno::*;
         [
-            EPERM, ENOENT, EINTR, EIO, EAGAIN, ENOMEM, EACCES, EFAULT, EBUSY, EEXIST, ENODEV,
-            EINVAL, ENOSPC, ENOSYS, EOPNOTSUPP, ETIMEDOUT,
+            EPERM, ENOENT, EINTR, EIO, EAGAIN, ENOMEM, EACCES, EFAULT, EBUSY, EEXIST, ENODEV, EINVAL, ENOSPC, ENOSYS,
+            EOPNOTSUPP, ETIMEDOUT,
         ]
         .into_iter()
         .find(|e| e.raw() == v)

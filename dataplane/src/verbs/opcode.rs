@@ -73,10 +73,7 @@ impl WrOpcode {
     /// Whether this operation consumes a receive request at the target (SRQ notes: Send, Send
     /// with Immediate, RDMA Write with immediate; Send with Invalidate is a Send).
     pub fn consumes_recv(self) -> bool {
-        matches!(
-            self,
-            WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::RdmaWriteWithImm | WrOpcode::SendWithInv
-        )
+        matches!(self, WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::RdmaWriteWithImm | WrOpcode::SendWithInv)
     }
 
     /// Whether the work request carries an immediate value.
@@ -99,10 +96,7 @@ impl WrOpcode {
     /// Whether `IBV_SEND_SOLICITED` is valid ("Valid only for Send and RDMA Write with
     /// immediate").
     pub fn solicited_allowed(self) -> bool {
-        matches!(
-            self,
-            WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::SendWithInv | WrOpcode::RdmaWriteWithImm
-        )
+        matches!(self, WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::SendWithInv | WrOpcode::RdmaWriteWithImm)
     }
 
     /// The completion opcode the requester sees for this operation.
@@ -184,8 +178,21 @@ impl WcOpcode {
     pub fn from_u8(v: u8) -> Option<WcOpcode> {
         use WcOpcode::*;
         [
-            Send, RdmaWrite, RdmaRead, CompSwap, FetchAdd, BindMw, LocalInv, Tso, Recv,
-            RecvRdmaWithImm, TmAdd, TmDel, TmSync, TmRecv, TmNoTag,
+            Send,
+            RdmaWrite,
+            RdmaRead,
+            CompSwap,
+            FetchAdd,
+            BindMw,
+            LocalInv,
+            Tso,
+            Recv,
+            RecvRdmaWithImm,
+            TmAdd,
+            TmDel,
+            TmSync,
+            TmRecv,
+            TmNoTag,
         ]
         .into_iter()
         .find(|o| *o as u8 == v)

@@ -108,14 +108,7 @@ impl SendWr {
 
     /// An RDMA_WRITE_WITH_IMM to `remote_addr` under `rkey`.
     pub fn write_with_imm(wr_id: u64, remote_addr: u64, rkey: u32, imm: u32) -> SendWr {
-        SendWr {
-            wr_id,
-            opcode: WrOpcode::RdmaWriteWithImm,
-            remote_addr,
-            rkey,
-            imm_data: imm,
-            ..Default::default()
-        }
+        SendWr { wr_id, opcode: WrOpcode::RdmaWriteWithImm, remote_addr, rkey, imm_data: imm, ..Default::default() }
     }
 
     /// An RDMA_READ from `remote_addr` under `rkey`.
@@ -125,14 +118,7 @@ impl SendWr {
 
     /// An ATOMIC_FETCH_AND_ADD of `add` on the 8 bytes at `remote_addr`.
     pub fn fetch_add(wr_id: u64, remote_addr: u64, rkey: u32, add: u64) -> SendWr {
-        SendWr {
-            wr_id,
-            opcode: WrOpcode::AtomicFetchAndAdd,
-            remote_addr,
-            rkey,
-            compare_add: add,
-            ..Default::default()
-        }
+        SendWr { wr_id, opcode: WrOpcode::AtomicFetchAndAdd, remote_addr, rkey, compare_add: add, ..Default::default() }
     }
 
     /// An ATOMIC_CMP_AND_SWP: if the 8 bytes at `remote_addr` equal `compare`, store `swap`.

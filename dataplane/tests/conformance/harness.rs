@@ -49,7 +49,14 @@ pub const BUF: usize = 1 << 20;
 
 impl<H: Harness> Node<H> {
     pub fn open(test: &str, node: usize) -> Node<H> {
-        Self::open_with(test, node, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC)
+        Self::open_with(
+            test,
+            node,
+            AccessFlags::LOCAL_WRITE
+                | AccessFlags::REMOTE_WRITE
+                | AccessFlags::REMOTE_READ
+                | AccessFlags::REMOTE_ATOMIC,
+        )
     }
 
     pub fn open_with(test: &str, node: usize, access: AccessFlags) -> Node<H> {
@@ -77,7 +84,14 @@ impl<H: Harness> Node<H> {
     }
 
     pub fn try_qp(&self, qp_type: QpType, cap: QpCaps, srq: Option<&SrqOf<H>>, sig_all: bool) -> Result<QpOf<H>> {
-        self.pd.create_qp(&QpInitAttr { send_cq: &self.scq, recv_cq: &self.rcq, srq, cap, qp_type, sq_sig_all: sig_all })
+        self.pd.create_qp(&QpInitAttr {
+            send_cq: &self.scq,
+            recv_cq: &self.rcq,
+            srq,
+            cap,
+            qp_type,
+            sq_sig_all: sig_all,
+        })
     }
 
     pub fn write(&self, off: usize, data: &[u8]) {
@@ -119,14 +133,28 @@ pub fn to_init<Q: Qp>(qp: &mut Q, qkey: u32, access: AccessFlags) {
 
 /// Moves `qp` to RTR towards `remote` (connected types) or just RTR (UD).
 pub fn to_rtr<Q: Qp>(qp: &mut Q, remote: &Endpoint, o: &ConnOpts) {
-    let ah = AhAttr { dlid: remote.lid, is_global: true, dgid: remote.gid, port_num: 1, hop_limit: 1, ..Default::default() };
-    qp.modify(&QpAttr { state: QpState::Rtr, dest_qp_num: remote.qpn, rq_psn: remote.psn, ah, min_rnr_timer: o.min_rnr_timer, ..Default::default() })
-        .expect("INIT->RTR");
+    let ah =
+        AhAttr { dlid: remote.lid, is_global: true, dgid: remote.gid, port_num: 1, hop_limit: 1, ..Default::default() };
+    qp.modify(&QpAttr {
+        state: QpState::Rtr,
+        dest_qp_num: remote.qpn,
+        rq_psn: remote.psn,
+        ah,
+        min_rnr_timer: o.min_rnr_timer,
+        ..Default::default()
+    })
+    .expect("INIT->RTR");
 }
 
 pub fn to_rts<Q: Qp>(qp: &mut Q, o: &ConnOpts) {
-    qp.modify(&QpAttr { state: QpState::Rts, rnr_retry: o.rnr_retry, retry_cnt: o.retry_cnt, timeout: o.timeout, ..Default::default() })
-        .expect("RTR->RTS");
+    qp.modify(&QpAttr {
+        state: QpState::Rts,
+        rnr_retry: o.rnr_retry,
+        retry_cnt: o.retry_cnt,
+        timeout: o.timeout,
+        ..Default::default()
+    })
+    .expect("RTR->RTS");
 }
 
 /// Brings two connected QPs (RC or UC) to RTS, pointing at each other.
