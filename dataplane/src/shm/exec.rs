@@ -385,7 +385,14 @@ fn prepare(
     if wr.flags.contains(SendFlags::IP_CSUM) {
         return Err(PostError::new(Errno::EINVAL, i, "IBV_SEND_IP_CSUM: the device has no checksum offload"));
     }
-    let is_inline = (wr.flags.contains(SendFlags::INLINE) || inline.is_some()) && op.inline_allowed();
+    let is_inline = wr.flags.contains(SendFlags::INLINE) || inline.is_some();
+    // ibv_post_send(3): INLINE is "Valid only for Send and RDMA Write". Refused rather than
+    // ignored: for RDMA READ and atomics the local buffer is a destination, and with
+    // `push_inline` it would be the chain's own immutable bytes (conformance case
+    // inline_only_for_send_and_write).
+    if is_inline && !op.inline_allowed() {
+        return Err(PostError::new(Errno::EINVAL, i, "IBV_SEND_INLINE is valid only for Send and RDMA Write"));
+    }
     let (n, total) = if let Some(bytes) = inline {
         segs[0] = Seg { ptr: bytes.as_ptr() as *mut u8, len: bytes.len() };
         (1, bytes.len() as u64)

@@ -232,3 +232,125 @@ pub fn pair<H: Harness>(test: &str, qp_type: QpType, cap: QpCaps, o: ConnOpts) -
 pub fn rc_pair<H: Harness>(test: &str) -> Pair<H> {
     pair::<H>(test, QpType::Rc, QpCaps { max_send_sge: 4, max_recv_sge: 4, ..Default::default() }, ConnOpts::default())
 }
+
+// ---- Helpers added for the cases (cases.rs). ----
+
+pub type AhOf<H> = <<H as Harness>::P as Provider>::Ah;
+
+/// Q_Key the UD cases use.
+pub const QKEY: u32 = 0x1111_2222;
+
+/// Polls one completion.
+pub fn poll_one<C: Cq>(cq: &mut C) -> WorkCompletion {
+    poll_n(cq, 1)[0]
+}
+
+/// Asserts a post failed with `errno` at work request `bad_wr`.
+#[track_caller]
+pub fn expect_post_err(r: std::result::Result<(), PostError>, errno: Errno, bad_wr: usize) {
+    match r {
+        Ok(()) => panic!("post succeeded; expected {errno} at work request {bad_wr}"),
+        Err(e) => assert_eq!((e.errno, e.bad_wr), (errno, bad_wr), "unexpected post error: {e}"),
+    }
+}
+
+/// A connected pair with explicit caps, options and `sq_sig_all` on both QPs.
+pub fn pair_full<H: Harness>(test: &str, qp_type: QpType, cap: QpCaps, o: ConnOpts, sig_all: bool) -> Pair<H> {
+    let a = Node::<H>::open(test, 0);
+    let b = Node::<H>::open(test, 1);
+    let mut qa = a.qp(qp_type, cap, None, sig_all);
+    let mut qb = b.qp(qp_type, cap, None, sig_all);
+    connect::<H>(&mut qa, &mut qb, &o);
+    Pair { a, b, qa, qb }
+}
+
+/// An RC pair with 4 SGEs per request and connection options `o`.
+pub fn rc_pair_with<H: Harness>(test: &str, o: ConnOpts) -> Pair<H> {
+    pair::<H>(test, QpType::Rc, QpCaps { max_send_sge: 4, max_recv_sge: 4, ..Default::default() }, o)
+}
+
+/// Moves both QPs of a pair to RESET and connects them again (fresh PSNs on both sides).
+pub fn reconnect<H: Harness>(p: &mut Pair<H>, o: &ConnOpts) {
+    let reset = QpAttr { state: QpState::Reset, ..Default::default() };
+    p.qa.modify(&reset).expect("->RESET");
+    p.qb.modify(&reset).expect("->RESET");
+    connect::<H>(&mut p.qa, &mut p.qb, o);
+}
+
+/// An address handle on `from` for the port of `to`.
+pub fn ah_to<H: Harness>(from: &Node<H>, to: &Endpoint, global: bool) -> Result<AhOf<H>> {
+    from.pd.create_ah(&AhAttr {
+        dlid: to.lid,
+        is_global: global,
+        dgid: to.gid,
+        port_num: 1,
+        hop_limit: 64,
+        ..Default::default()
+    })
+}
+
+/// Two UD QPs at RTS on two nodes (Q_Key [`QKEY`]) and a global AH from `a` to `b`.
+pub struct UdPair<H: Harness> {
+    pub a: Node<H>,
+    pub b: Node<H>,
+    pub qa: QpOf<H>,
+    pub qb: QpOf<H>,
+    pub ah: AhOf<H>,
+}
+
+pub fn ud_pair<H: Harness>(test: &str) -> UdPair<H> {
+    let a = Node::<H>::open(test, 0);
+    let b = Node::<H>::open(test, 1);
+    let cap = QpCaps { max_send_sge: 4, max_recv_sge: 4, ..Default::default() };
+    let mut qa = a.qp(QpType::Ud, cap, None, false);
+    let mut qb = b.qp(QpType::Ud, cap, None, false);
+    ud_ready(&mut qa, QKEY);
+    ud_ready(&mut qb, QKEY);
+    let ah = ah_to::<H>(&a, &qb.endpoint(H::gid_index()).unwrap(), true).expect("create_ah");
+    UdPair { a, b, qa, qb, ah }
+}
+
+/// A signaled UD SEND work request to `qpn` with `qkey` through `ah`.
+pub fn ud_send_wr<H: Harness>(ah: &AhOf<H>, qpn: u32, qkey: u32, wr_id: u64) -> SendWr {
+    SendWr::send(wr_id).to(dataplane::Ah::handle(ah), qpn, qkey).signaled()
+}
+
+/// Every asynchronous event available now.
+pub fn events_now<H: Harness>(ctx: &Ctx<H>) -> Vec<AsyncEvent> {
+    std::iter::from_fn(|| ctx.poll_async_event()).collect()
+}
+
+/// Waits for an event of `kind` (liveness deadline); returns it and any other events seen.
+pub fn wait_event<H: Harness>(ctx: &Ctx<H>, kind: AsyncEventKind) -> (AsyncEvent, Vec<AsyncEvent>) {
+    let end = Instant::now() + DEADLINE;
+    let mut others = Vec::new();
+    loop {
+        match ctx.poll_async_event() {
+            Some(e) if e.kind == kind => return (e, others),
+            Some(e) => others.push(e),
+            None => {
+                assert!(Instant::now() < end, "waited {DEADLINE:?} for async event {kind:?}; saw {others:?}");
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+/// Polls `cq` for a short while and returns everything that arrived (for "exactly N" checks
+/// after the N expected ones were taken).
+pub fn drain<C: Cq>(cq: &mut C) -> Vec<WorkCompletion> {
+    let mut out = Vec::new();
+    let mut wc = [WorkCompletion::default(); 32];
+    let end = Instant::now() + Duration::from_millis(50);
+    while Instant::now() < end {
+        let got = cq.poll(&mut wc).expect("poll_cq");
+        out.extend_from_slice(&wc[..got]);
+        std::thread::yield_now();
+    }
+    out
+}
+
+/// A byte pattern derived from `seed`, `len` bytes long.
+pub fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len).map(|i| seed.wrapping_mul(31).wrapping_add(i as u8).wrapping_mul(7) ^ 0x5a).collect()
+}
