@@ -118,6 +118,20 @@ fn dest(f: &Fabric, st: &mut SqState, qpn: u32) -> Option<DestView> {
     st.dest
 }
 
+/// What `deliver` needs to know about the sending QP.
+#[derive(Clone, Copy)]
+struct Sender {
+    qp_type: QpType,
+    qpn: u32,
+    lid: u16,
+}
+
+impl Sender {
+    fn of(st: &SqState) -> Sender {
+        Sender { qp_type: st.qp_type, qpn: st.qpn, lid: st.lid }
+    }
+}
+
 enum Outcome {
     /// Executed: the sender's status and byte count.
     Done(WcStatus, u32),
@@ -197,7 +211,8 @@ pub(crate) fn gid(fabric_id: u64, lid: u16) -> [u8; 16] {
 #[allow(clippy::too_many_arguments)]
 fn deliver(
     f: &Fabric,
-    st: &mut SqState,
+    st: Sender,
+    rx: &mut RecvEntry,
     d: &DestView,
     wr: &SendWr,
     src: &[Seg],
@@ -206,8 +221,7 @@ fn deliver(
     place_data: bool,
 ) -> Outcome {
     let reliable = st.qp_type == QpType::Rc;
-    let mut rx = st.rx;
-    if !take_recv(f, d, &mut rx) {
+    if !take_recv(f, d, rx) {
         return if reliable { Outcome::Block(BlockKind::Rnr) } else { Outcome::Done(WcStatus::Success, 0) };
     }
     let mut wc = WorkCompletion {
@@ -227,7 +241,7 @@ fn deliver(
     let mut dst = [Seg::default(); MAX_SGE];
     // Requests from an SRQ are checked against the SRQ's PD, which may differ from the QP's.
     let pd = d.srq.map_or(d.pd, |s| s.pd);
-    let status = match resolve_recv(f, pd, &rx, &mut dst) {
+    let status = match resolve_recv(f, pd, rx, &mut dst) {
         None => Err((WcStatus::LocProtErr, WcStatus::RemOpErr)),
         Some((_, cap)) if cap < need => Err((WcStatus::LocLenErr, WcStatus::RemInvReqErr)),
         Some((n, _)) => {
@@ -244,7 +258,6 @@ fn deliver(
             Ok(())
         }
     };
-    st.rx = rx;
     match status {
         Ok(()) => {
             push_recv_wc(f, d, wc);
@@ -285,7 +298,7 @@ fn exec_wr(f: &Fabric, st: &mut SqState, wr: &SendWr, src: &[Seg], total: u64) -
     }
     let fail = |s: WcStatus| Outcome::Done(if reliable { s } else { WcStatus::Success }, 0);
     match wr.opcode {
-        WrOpcode::Send | WrOpcode::SendWithImm => deliver(f, st, &d, wr, src, total, None, true),
+        WrOpcode::Send | WrOpcode::SendWithImm => deliver(f, Sender::of(st), &mut st.rx, &d, wr, src, total, None, true),
         WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm => {
             let Some(mr) = remote_mr(f, &d, wr, AccessFlags::REMOTE_WRITE) else { return fail(WcStatus::RemAccessErr) };
             let Some(p) = mr.translate(f, wr.remote_addr, total) else { return fail(WcStatus::RemAccessErr) };
@@ -299,7 +312,7 @@ fn exec_wr(f: &Fabric, st: &mut SqState, wr: &SendWr, src: &[Seg], total: u64) -
             }
             copy_sg(src, &[Seg { ptr: p, len: total as usize }], 0);
             if wr.opcode == WrOpcode::RdmaWriteWithImm {
-                return deliver(f, st, &d, wr, src, total, None, false);
+                return deliver(f, Sender::of(st), &mut st.rx, &d, wr, src, total, None, false);
             }
             Outcome::Done(WcStatus::Success, 0)
         }
@@ -355,7 +368,7 @@ fn exec_ud(f: &Fabric, st: &mut SqState, wr: &SendWr, src: &[Seg], total: u64) -
         g
     });
     let _ = d.lid;
-    deliver(f, st, &d, wr, src, total, Some(grh), true)
+    deliver(f, Sender::of(st), &mut st.rx, &d, wr, src, total, Some(grh), true)
 }
 
 /// Marks an AH handle issued by the shm provider.

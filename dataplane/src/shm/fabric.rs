@@ -87,7 +87,7 @@ impl Fabric {
 
     /// One attempt; `None` means "retry" (racing with another creator or a teardown).
     fn try_open(name: &str, size: usize, huge: HugePolicy) -> Result<Option<(Fabric, usize)>> {
-        let min = tables().end + (4 << 20);
+        let min = TABLES.end + (4 << 20);
         if size < min {
             return Err(Error::new(Errno::EINVAL, format!("fabric size {size} is below the minimum of {min} bytes")));
         }
@@ -105,7 +105,7 @@ impl Fabric {
                     Err(e) => return Err(e),
                 };
                 let f = Fabric::wrap(region, name);
-                if (f.region.len() as u64) < tables().end as u64 {
+                if (f.region.len() as u64) < TABLES.end as u64 {
                     return Ok(None);
                 }
                 if f.hdr().magic.load(Ordering::Acquire) != MAGIC {
@@ -178,7 +178,7 @@ impl Fabric {
     }
 
     pub(crate) fn hdr(&self) -> &Header {
-        // SAFETY: the header is at offset 0 of a mapping at least `tables().end` long, and
+        // SAFETY: the header is at offset 0 of a mapping at least `TABLES.end` long, and
         // holds only atomics.
         unsafe { &*(self.base as *const Header) }
     }
@@ -191,23 +191,23 @@ impl Fabric {
 
     pub(crate) fn ctx_slot(&self, idx: usize) -> &CtxSlot {
         assert!(idx < MAX_CTX);
-        self.table(tables().ctx, idx)
+        self.table(TABLES.ctx, idx)
     }
     pub(crate) fn qp_slot(&self, idx: usize) -> &QpSlot {
         assert!(idx < MAX_QP);
-        self.table(tables().qp, idx)
+        self.table(TABLES.qp, idx)
     }
     pub(crate) fn cq_slot(&self, idx: usize) -> &CqSlot {
         assert!(idx < MAX_CQ);
-        self.table(tables().cq, idx)
+        self.table(TABLES.cq, idx)
     }
     pub(crate) fn srq_slot(&self, idx: usize) -> &SrqSlot {
         assert!(idx < MAX_SRQ);
-        self.table(tables().srq, idx)
+        self.table(TABLES.srq, idx)
     }
     pub(crate) fn mr_slot(&self, idx: usize) -> &MrSlot {
         assert!(idx < MAX_MR);
-        self.table(tables().mr, idx)
+        self.table(TABLES.mr, idx)
     }
 
     /// Takes the control-path lock, stealing it from a dead holder.
@@ -235,7 +235,7 @@ impl Fabric {
     /// arena. This is the one bounds check every peer-supplied offset goes through.
     #[inline]
     pub(crate) fn ptr(&self, off: u64, len: u64) -> Option<*mut u8> {
-        let start = tables().end as u64;
+        let start = TABLES.end as u64;
         let end = off.checked_add(len)?;
         if off < start || end > self.size {
             return None;

@@ -179,6 +179,9 @@ pub(crate) const fn tables() -> Tables {
     Tables { ctx, qp, cq, srq, mr, end }
 }
 
+/// The table offsets, computed once at compile time.
+pub(crate) const TABLES: Tables = tables();
+
 /// Builds a key from a generation and an index.
 pub(crate) fn make_key(gen: u32, idx: usize, bits: u32) -> u32 {
     (gen << bits) | idx as u32

@@ -175,26 +175,26 @@ impl WcOpcode {
     }
 
     /// Decodes the on-ring byte; unknown values are `None`.
+    #[inline]
     pub fn from_u8(v: u8) -> Option<WcOpcode> {
         use WcOpcode::*;
-        [
-            Send,
-            RdmaWrite,
-            RdmaRead,
-            CompSwap,
-            FetchAdd,
-            BindMw,
-            LocalInv,
-            Tso,
-            Recv,
-            RecvRdmaWithImm,
-            TmAdd,
-            TmDel,
-            TmSync,
-            TmRecv,
-            TmNoTag,
-        ]
-        .into_iter()
-        .find(|o| *o as u8 == v)
+        Some(match v {
+            0 => Send,
+            1 => RdmaWrite,
+            2 => RdmaRead,
+            3 => CompSwap,
+            4 => FetchAdd,
+            5 => BindMw,
+            6 => LocalInv,
+            7 => Tso,
+            8 => Recv,
+            9 => RecvRdmaWithImm,
+            10 => TmAdd,
+            11 => TmDel,
+            12 => TmSync,
+            13 => TmRecv,
+            14 => TmNoTag,
+            _ => return None,
+        })
     }
 }

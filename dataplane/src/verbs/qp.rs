@@ -55,9 +55,19 @@ pub enum QpState {
 
 impl QpState {
     /// Decodes the on-fabric byte.
+    #[inline]
     pub fn from_u8(v: u8) -> Option<QpState> {
         use QpState::*;
-        [Reset, Init, Rtr, Rts, Sqd, Sqe, Error].into_iter().find(|s| *s as u8 == v)
+        Some(match v {
+            0 => Reset,
+            1 => Init,
+            2 => Rtr,
+            3 => Rts,
+            4 => Sqd,
+            5 => Sqe,
+            6 => Error,
+            _ => return None,
+        })
     }
 
     /// Whether an incoming message is processed (and an SRQ receive fetched) in this state
