@@ -504,6 +504,82 @@ mod tests {
         assert!(r.backing().fallback_reason().unwrap().contains("free"));
     }
 
+    /// Hugepage tests need pages reserved (tools/hugepages.sh; `.ci/run` does it). On CI a
+    /// missing reservation fails the test; elsewhere the test says it did not run.
+    fn hugepages_or_skip(page: PageSize, pages: u64, what: &str) -> bool {
+        let free = free_hugepages(page);
+        if free >= pages {
+            return true;
+        }
+        if std::env::var_os("CI").is_some() {
+            panic!("{what}: CI must reserve {pages} free {page:?} pages (tools/hugepages.sh), {free} free");
+        }
+        eprintln!("{what}: NOT RUN, {free} free {page:?} pages (run tools/hugepages.sh)");
+        false
+    }
+
+    #[test]
+    fn private_region_on_2m_hugepages() {
+        if !hugepages_or_skip(PageSize::Huge2M, 2, "private_region_on_2m_hugepages") {
+            return;
+        }
+        let r = Region::anonymous(3 << 20, HugePolicy::Require(PageSize::Huge2M)).unwrap();
+        assert_eq!(r.backing(), &RegionBacking::HugeMemfd { page: PageSize::Huge2M });
+        assert_eq!(r.len(), 4 << 20, "rounded up to whole 2 MiB pages");
+        // SAFETY: inside the 4 MiB mapping.
+        unsafe { r.as_ptr().add((4 << 20) - 1).write(7) };
+    }
+
+    #[test]
+    fn private_region_on_1g_hugepages() {
+        if !hugepages_or_skip(PageSize::Huge1G, 1, "private_region_on_1g_hugepages") {
+            return;
+        }
+        let r = Region::anonymous(1 << 30, HugePolicy::Require(PageSize::Huge1G)).unwrap();
+        assert_eq!(r.backing(), &RegionBacking::HugeMemfd { page: PageSize::Huge1G });
+        assert_eq!(r.len(), 1 << 30);
+    }
+
+    #[test]
+    fn shared_region_on_hugetlbfs_is_visible_to_a_second_mapping() {
+        if !hugepages_or_skip(PageSize::Huge2M, 2, "shared_region_on_hugetlbfs") {
+            return;
+        }
+        if hugetlbfs_mount(PageSize::Huge2M).is_none() {
+            assert!(std::env::var_os("CI").is_none(), "CI must mount hugetlbfs (tools/hugepages.sh)");
+            eprintln!("shared_region_on_hugetlbfs: NOT RUN, no hugetlbfs mounted");
+            return;
+        }
+        let name = format!("test-huge-{}", std::process::id());
+        let a = Region::create_shared(&name, 1 << 20, HugePolicy::Require(PageSize::Huge2M)).unwrap();
+        assert!(matches!(a.backing(), RegionBacking::Hugetlbfs { page: PageSize::Huge2M, .. }), "{:?}", a.backing());
+        let b = Region::open_shared(&name).unwrap();
+        assert!(b.backing().is_huge());
+        // SAFETY: both mappings are 2 MiB long.
+        unsafe {
+            a.as_ptr().add(12345).write(99);
+            assert_eq!(b.as_ptr().add(12345).read(), 99);
+        }
+        a.unlink();
+    }
+
+    #[test]
+    fn shared_region_falls_back_to_dev_shm_without_enough_hugepages() {
+        // More pages than exist: whatever is reserved, this takes the fallback path.
+        let free = free_hugepages(PageSize::Huge2M);
+        let len = (free as usize + 8) * PageSize::Huge2M.bytes();
+        let name = format!("test-fallback-{}", std::process::id());
+        let r = Region::create_shared(&name, len, HugePolicy::Prefer(PageSize::Huge2M)).unwrap();
+        r.unlink();
+        match r.backing() {
+            RegionBacking::Shm { path, fallback } => {
+                assert!(path.starts_with(SHM_DIR));
+                assert!(fallback.is_some(), "the fallback says why");
+            }
+            other => panic!("expected the /dev/shm fallback, got {other:?}"),
+        }
+    }
+
     #[test]
     fn shared_region_is_visible_from_a_second_mapping() {
         let name = format!("test-region-{}", std::process::id());
