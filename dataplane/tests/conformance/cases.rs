@@ -603,3 +603,236 @@ pub fn send_in_order_1000<H: Harness>(t: &str) {
         assert!(s.iter().enumerate().all(|(k, wc)| wc.wr_id == w * WINDOW + k as u64 && wc.is_ok()));
     }
 }
+
+// ------------------------------------------------------------------------------------------
+// ibv_post_recv(3)
+// ------------------------------------------------------------------------------------------
+
+/// ibv_post_recv(3): "It stops processing WRs from this list at the first failure ... and
+/// returns this failing WR through bad_wr." Requests before it are posted (proved by
+/// delivering into them), it and those after are not — for an unknown lkey and for num_sge
+/// above the QP's max_recv_sge.
+pub fn recv_chain_stops_at_first_bad<H: Harness>(t: &str) {
+    let mut p = rc_pair::<H>(t);
+    let mut c = RecvChain::new();
+    c.push(RecvWr::new(1), &[p.b.sge(RX, 64)]);
+    c.push(RecvWr::new(2), &[Sge::new(p.b.addr(RX + 64), 64, p.b.mr.lkey() ^ 0x0055_5000)]);
+    c.push(RecvWr::new(3), &[p.b.sge(RX + 128, 64)]);
+    expect_post_err(p.qb.post_recv(&c), Errno::EINVAL, 1);
+    let n = p.qb.caps().max_recv_sge as usize;
+    let too_many: Vec<Sge> = (0..n + 1).map(|i| p.b.sge(RX + 4096 + i * 64, 64)).collect();
+    let mut c = RecvChain::new();
+    c.push(RecvWr::new(4), &[p.b.sge(RX + 192, 64)]);
+    c.push(RecvWr::new(5), &too_many);
+    c.push(RecvWr::new(6), &[p.b.sge(RX + 256, 64)]);
+    expect_post_err(p.qb.post_recv(&c), Errno::EINVAL, 1);
+    recv(&mut p.qb, &p.b, 7, RX + 320, 64);
+    let mut s = SendChain::new();
+    for i in 0..3 {
+        s.push(SendWr::send(i).signaled(), &[p.a.sge(0, 8)]);
+    }
+    p.qa.post_send(&s).unwrap();
+    assert!(poll_n(&mut p.a.scq, 3).iter().all(|w| w.is_ok()));
+    let r = poll_n(&mut p.b.rcq, 3);
+    assert_eq!(r.iter().map(|w| w.wr_id).collect::<Vec<_>>(), [1, 4, 7]);
+    assert!(r.iter().all(|w| w.is_ok()));
+}
+
+/// ibv_post_recv(3): a full receive queue fails the post with ENOMEM and changes nothing:
+/// exactly max_recv_wr requests fit, the chain stops at the one that does not, and exactly
+/// that many messages are received.
+pub fn recv_queue_full_enomem<H: Harness>(t: &str) {
+    let cap = QpCaps { max_recv_wr: 8, ..Default::default() };
+    let mut p = pair::<H>(t, QpType::Rc, cap, ConnOpts::default());
+    let n = p.qb.caps().max_recv_wr as u64;
+    assert!((8..=64).contains(&n));
+    for i in 0..n - 1 {
+        recv(&mut p.qb, &p.b, i, RX + i as usize * 64, 64);
+    }
+    let mut c = RecvChain::new();
+    c.push(RecvWr::new(n - 1), &[p.b.sge(RX + (n as usize - 1) * 64, 64)]);
+    c.push(RecvWr::new(1000), &[p.b.sge(RX + n as usize * 64, 64)]);
+    expect_post_err(p.qb.post_recv(&c), Errno::ENOMEM, 1);
+    expect_post_err(p.qb.post_recv(&RecvChain::one(1001, &[p.b.sge(RX, 64)])), Errno::ENOMEM, 0);
+    let mut s = SendChain::new();
+    for i in 0..n {
+        s.push(SendWr::send(i).signaled(), &[p.a.sge(0, 8)]);
+    }
+    p.qa.post_send(&s).unwrap();
+    assert_eq!(poll_n(&mut p.a.scq, n as usize).len(), n as usize);
+    let r = poll_n(&mut p.b.rcq, n as usize);
+    assert_eq!(r.iter().map(|w| w.wr_id).collect::<Vec<_>>(), (0..n).collect::<Vec<_>>());
+    assert_no_completion(&mut p.b.rcq);
+}
+
+/// ibv_post_recv(3): "If the QP qp is associated with a shared receive queue, you must use the
+/// function ibv_post_srq_recv(), and not ibv_post_recv(), since the QP's own receive queue
+/// will not be used." post_recv on such a QP fails with EINVAL.
+pub fn recv_on_srq_qp_einval<H: Harness>(t: &str) {
+    let b = Node::<H>::open(t, 0);
+    let srq = b.pd.create_srq(&SrqAttr { max_wr: 16, max_sge: 1, srq_limit: 0 }).unwrap();
+    let mut qb = b.qp(QpType::Rc, QpCaps { max_recv_wr: 0, ..Default::default() }, Some(&srq), false);
+    to_init(&mut qb, 0, AccessFlags::empty());
+    expect_post_err(qb.post_recv(&RecvChain::one(1, &[b.sge(RX, 64)])), Errno::EINVAL, 0);
+}
+
+/// ibv_post_recv(3) (QP state rules): receives may be posted from INIT on ("a QP in RESET
+/// accepts nothing"): EINVAL in RESET; in INIT accepted, and the request is used once the
+/// QP is connected.
+pub fn recv_in_reset_einval_init_ok<H: Harness>(t: &str) {
+    let a = Node::<H>::open(t, 0);
+    let mut b = Node::<H>::open(t, 1);
+    let mut qa = a.qp(QpType::Rc, QpCaps::default(), None, false);
+    let mut qb = b.qp(QpType::Rc, QpCaps::default(), None, false);
+    expect_post_err(qb.post_recv(&RecvChain::one(1, &[b.sge(RX, 64)])), Errno::EINVAL, 0);
+    let o = ConnOpts::default();
+    to_init(&mut qb, 0, o.access);
+    qb.post_recv(&RecvChain::one(2, &[b.sge(RX, 64)])).expect("post_recv in INIT");
+    connect::<H>(&mut qa, &mut qb, &o);
+    let mut a = a;
+    send(&mut qa, &a, 5, 0, 8);
+    assert_eq!(poll_one(&mut a.scq).status, WcStatus::Success);
+    let r = poll_one(&mut b.rcq);
+    assert_eq!((r.wr_id, r.status), (2, WcStatus::Success));
+}
+
+/// ibv_post_recv(3)/ibv_reg_mr(3): a receive buffer is written by the device, so its MR needs
+/// IBV_ACCESS_LOCAL_WRITE; without it the post fails with EINVAL.
+pub fn recv_mr_without_local_write_einval<H: Harness>(t: &str) {
+    let mut p = rc_pair::<H>(t);
+    let ro = p.b.pd.reg_mr(&p.b.region, RX, 4096, AccessFlags::REMOTE_READ).unwrap();
+    expect_post_err(p.qb.post_recv(&RecvChain::one(1, &[Sge::new(ro.addr(), 64, ro.lkey())])), Errno::EINVAL, 0);
+    let b = &p.b;
+    let srq = b.pd.create_srq(&SrqAttr { max_wr: 4, max_sge: 1, srq_limit: 0 }).unwrap();
+    let mut srq = srq;
+    expect_post_err(srq.post_recv(&RecvChain::one(1, &[Sge::new(ro.addr(), 64, ro.lkey())])), Errno::EINVAL, 0);
+    send(&mut p.qa, &p.a, 1, 0, 8);
+    assert_no_completion(&mut p.b.rcq);
+}
+
+/// ibv_post_recv(3) and ibv_post_srq_recv(3): "the actual data of the incoming message will
+/// start at an offset of 40 bytes into the buffer(s) in the scatter list"; with a global AH
+/// the GRH is there (IBV_WC_GRH) — its source GID (bytes 8..24) is the sender's port GID and
+/// its destination GID (24..40) the receiver's; byte_len counts the 40 bytes; src_qp is the
+/// sender's QPN.
+pub fn ud_grh_and_offset<H: Harness>(t: &str) {
+    let mut u = ud_pair::<H>(t);
+    let qpn = u.qb.qp_num();
+    let data = pattern(9, 100);
+    u.a.write(0, &data);
+    u.b.region.fill(RX, 4096, 0xcc);
+    recv(&mut u.qb, &u.b, 1, RX, 40 + 100);
+    u.qa.post_send(&SendChain::one(ud_send_wr::<H>(&u.ah, qpn, QKEY, 1), &[u.a.sge(0, 100)])).unwrap();
+    assert_eq!(poll_one(&mut u.a.scq).status, WcStatus::Success);
+    let r = poll_one(&mut u.b.rcq);
+    assert_eq!((r.status, r.opcode, r.byte_len, r.src_qp), (WcStatus::Success, WcOpcode::Recv, 140, u.qa.qp_num()));
+    assert!(r.wc_flags.contains(WcFlags::GRH));
+    assert_eq!(u.b.read(RX + 40, 100), data);
+    assert_eq!(u.b.read(RX + 8, 16), u.a.ctx.gid(1, H::gid_index()).unwrap(), "GRH source GID");
+    assert_eq!(u.b.read(RX + 24, 16), u.b.ctx.gid(1, H::gid_index()).unwrap(), "GRH destination GID");
+    assert_eq!(u.b.read(RX + 140, 8), [0xcc; 8]);
+    // Without a GRH (a non-global AH, where the link allows one) the data still starts at 40.
+    if let Ok(ah) = ah_to::<H>(&u.a, &u.qb.endpoint(H::gid_index()).unwrap(), false) {
+        recv(&mut u.qb, &u.b, 2, RX + 1024, 40 + 100);
+        u.qa.post_send(&SendChain::one(ud_send_wr::<H>(&ah, qpn, QKEY, 2), &[u.a.sge(0, 100)])).unwrap();
+        assert_eq!(poll_one(&mut u.a.scq).status, WcStatus::Success);
+        let r = poll_one(&mut u.b.rcq);
+        assert_eq!((r.status, r.byte_len), (WcStatus::Success, 140));
+        assert!(!r.wc_flags.contains(WcFlags::GRH));
+        assert_eq!(u.b.read(RX + 1024 + 40, 100), data);
+    }
+}
+
+/// srq notes: "For UD QP, an extra 40 bytes should be added to the RR buffers" — a UD receive
+/// buffer smaller than 40 + the message fails with IBV_WC_LOC_LEN_ERR at the receiver, while
+/// the unreliable sender completes successfully.
+pub fn ud_recv_too_small_len_err<H: Harness>(t: &str) {
+    let mut u = ud_pair::<H>(t);
+    let qpn = u.qb.qp_num();
+    u.b.region.fill(RX, 4096, 0xcc);
+    recv(&mut u.qb, &u.b, 1, RX, 100);
+    u.qa.post_send(&SendChain::one(ud_send_wr::<H>(&u.ah, qpn, QKEY, 1), &[u.a.sge(0, 100)])).unwrap();
+    assert_eq!(poll_one(&mut u.a.scq).status, WcStatus::Success);
+    let r = poll_one(&mut u.b.rcq);
+    assert_eq!((r.wr_id, r.status), (1, WcStatus::LocLenErr));
+    assert_eq!(u.b.read(RX + 100, 8), [0xcc; 8], "nothing written past the receive buffer");
+}
+
+/// ibv_post_send(3) (UD: one message is one packet): a UD message longer than the port's
+/// active MTU fails at post time with EINVAL; exactly the MTU is delivered.
+pub fn ud_larger_than_mtu_einval<H: Harness>(t: &str) {
+    let mut u = ud_pair::<H>(t);
+    let qpn = u.qb.qp_num();
+    let mtu = u.a.ctx.port_attr(1).unwrap().active_mtu;
+    assert!(mtu >= 256 && (mtu as usize) < RX);
+    recv(&mut u.qb, &u.b, 1, RX, 40 + mtu + 64);
+    let wr = ud_send_wr::<H>(&u.ah, qpn, QKEY, 1);
+    expect_post_err(u.qa.post_send(&SendChain::one(wr, &[u.a.sge(0, mtu + 1)])), Errno::EINVAL, 0);
+    assert_no_completion(&mut u.b.rcq);
+    u.qa.post_send(&SendChain::one(wr, &[u.a.sge(0, mtu)])).unwrap();
+    assert_eq!(poll_one(&mut u.a.scq).status, WcStatus::Success);
+    assert_eq!(poll_one(&mut u.b.rcq).byte_len, 40 + mtu);
+}
+
+/// ibv_post_send(3): "ah: Address handle (AH) for the remote node address" — a UD send
+/// without a valid AH fails at post time with EINVAL.
+pub fn ud_without_valid_ah_einval<H: Harness>(t: &str) {
+    let mut u = ud_pair::<H>(t);
+    let qpn = u.qb.qp_num();
+    recv(&mut u.qb, &u.b, 1, RX, 256);
+    let wr = SendWr::send(1).signaled().to(AhHandle::default(), qpn, QKEY);
+    expect_post_err(u.qa.post_send(&SendChain::one(wr, &[u.a.sge(0, 8)])), Errno::EINVAL, 0);
+    assert_no_completion(&mut u.b.rcq);
+}
+
+/// ibv_post_send(3): "remote_qkey: Q_Key number of the destination QP" — a UD message with the
+/// wrong Q_Key is silently dropped by the receiver (the sender completes successfully) and
+/// consumes no receive request.
+pub fn ud_wrong_qkey_dropped<H: Harness>(t: &str) {
+    let mut u = ud_pair::<H>(t);
+    let qpn = u.qb.qp_num();
+    recv(&mut u.qb, &u.b, 1, RX, 256);
+    u.qa.post_send(&SendChain::one(ud_send_wr::<H>(&u.ah, qpn, QKEY ^ 1, 1), &[u.a.sge(0, 8)])).unwrap();
+    assert_eq!(poll_one(&mut u.a.scq).status, WcStatus::Success);
+    assert_no_completion(&mut u.b.rcq);
+    u.qa.post_send(&SendChain::one(ud_send_wr::<H>(&u.ah, qpn, QKEY, 2), &[u.a.sge(0, 8)])).unwrap();
+    assert_eq!(poll_one(&mut u.a.scq).status, WcStatus::Success);
+    let r = poll_one(&mut u.b.rcq);
+    assert_eq!((r.wr_id, r.status), (1, WcStatus::Success), "the receive request was still there");
+}
+
+/// ibv_post_recv(3) (UD is unreliable: no RNR): a UD message arriving when no receive is
+/// posted is dropped — the sender succeeds, and a receive posted later does not get it.
+pub fn ud_no_recv_dropped<H: Harness>(t: &str) {
+    let mut u = ud_pair::<H>(t);
+    let qpn = u.qb.qp_num();
+    u.a.write(0, b"dropped!");
+    u.qa.post_send(&SendChain::one(ud_send_wr::<H>(&u.ah, qpn, QKEY, 1), &[u.a.sge(0, 8)])).unwrap();
+    assert_eq!(poll_one(&mut u.a.scq).status, WcStatus::Success);
+    recv(&mut u.qb, &u.b, 1, RX, 256);
+    assert_no_completion(&mut u.b.rcq);
+    u.a.write(0, b"arrived!");
+    u.qa.post_send(&SendChain::one(ud_send_wr::<H>(&u.ah, qpn, QKEY, 2), &[u.a.sge(0, 8)])).unwrap();
+    assert_eq!(poll_one(&mut u.a.scq).status, WcStatus::Success);
+    assert_eq!(poll_one(&mut u.b.rcq).status, WcStatus::Success);
+    assert_eq!(u.b.read(RX + 40, 8), b"arrived!");
+}
+
+/// srq notes: "The entries in the list can specify memory blocks that were registered by
+/// different Memory Regions." One receive request scattering into two MRs.
+pub fn recv_sges_from_different_mrs<H: Harness>(t: &str) {
+    let mut p = rc_pair::<H>(t);
+    let region2 = p.b.ctx.alloc_region(8192).unwrap();
+    region2.fill(0, 8192, 0xcc);
+    let mr2 = p.b.pd.reg_mr(&region2, 4096, 4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let data = pattern(10, 20);
+    p.a.write(0, &data);
+    p.qb.post_recv(&RecvChain::one(1, &[p.b.sge(RX, 8), Sge::new(mr2.addr() + 100, 64, mr2.lkey())])).unwrap();
+    send(&mut p.qa, &p.a, 1, 0, 20);
+    assert_eq!(poll_one(&mut p.a.scq).status, WcStatus::Success);
+    assert_eq!(poll_one(&mut p.b.rcq).byte_len, 20);
+    assert_eq!(p.b.read(RX, 8), data[..8]);
+    let mut got = [0u8; 12];
+    region2.read(4096 + 100, &mut got);
+    assert_eq!(got, data[8..]);
+}
