@@ -91,7 +91,8 @@ pub trait Pd<P: Provider> {
     /// Errors: `EINVAL` for zero depths without an SRQ, depths or SGEs above the device caps,
     /// or CQs/SRQ of another device; `ENOMEM` when no QP is left.
     fn create_qp(&self, attr: &QpInitAttr<'_, P>) -> Result<P::Qp>;
-    /// Creates an SRQ. Errors: `EINVAL` for `max_wr`/`max_sge` of 0 or above the caps.
+    /// Creates an SRQ. `attr.srq_limit` is ignored, as in `ibv_create_srq`: arm the limit with
+    /// [`Srq::modify`]. Errors: `EINVAL` for `max_wr`/`max_sge` of 0 or above the caps.
     fn create_srq(&self, attr: &SrqAttr) -> Result<P::Srq>;
     /// Creates an address handle for UD sends. Errors: `EINVAL` for a bad port or GID.
     fn create_ah(&self, attr: &AhAttr) -> Result<P::Ah>;

@@ -54,12 +54,6 @@ impl ShmSrq {
                 format!("SRQ max_sge {} must be 1..={}", attr.max_sge, caps.max_srq_sge),
             ));
         }
-        if attr.srq_limit > attr.max_wr {
-            return Err(Error::new(
-                Errno::EINVAL,
-                format!("SRQ limit {} is above max_wr {}", attr.srq_limit, attr.max_wr),
-            ));
-        }
         let f = &ctx.fabric;
         let cap = attr.max_wr.next_power_of_two() as usize;
         let stride = recv_stride(attr.max_sge);
@@ -97,7 +91,9 @@ impl ShmSrq {
         s.cap.store(cap as u32, Ordering::Relaxed);
         s.max_sge.store(attr.max_sge, Ordering::Relaxed);
         s.ring_off.store(ring_off, Ordering::Relaxed);
-        s.limit.store(attr.srq_limit, Ordering::Relaxed);
+        // `srq_limit` is "irrelevant for ibv_create_srq" (verbs.h): the limit is armed only by
+        // modify_srq with IBV_SRQ_LIMIT.
+        s.limit.store(0, Ordering::Relaxed);
         s.srqn.store(srqn, Ordering::Release);
         drop(l);
         Ok(ShmSrq {
