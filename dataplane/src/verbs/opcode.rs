@@ -198,3 +198,44 @@ impl WcOpcode {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wc_opcode_byte_round_trips_and_rejects_unknown() {
+        for v in 0..=255u8 {
+            match WcOpcode::from_u8(v) {
+                Some(op) => assert_eq!(op as u8, v),
+                None => assert!(v > WcOpcode::TmNoTag as u8),
+            }
+        }
+    }
+
+    #[test]
+    fn seed_table_rows() {
+        use QpType::*;
+        let allowed = |op: WrOpcode| [Ud, Uc, Rc].map(|t| op.allowed_on(t));
+        assert_eq!(allowed(WrOpcode::Send), [true, true, true]);
+        assert_eq!(allowed(WrOpcode::SendWithImm), [true, true, true]);
+        assert_eq!(allowed(WrOpcode::RdmaWrite), [false, true, true]);
+        assert_eq!(allowed(WrOpcode::RdmaWriteWithImm), [false, true, true]);
+        assert_eq!(allowed(WrOpcode::RdmaRead), [false, false, true]);
+        assert_eq!(allowed(WrOpcode::AtomicCmpAndSwp), [false, false, true]);
+        assert_eq!(allowed(WrOpcode::AtomicFetchAndAdd), [false, false, true]);
+        assert_eq!(allowed(WrOpcode::LocalInv), [false, true, true]);
+        assert_eq!(allowed(WrOpcode::BindMw), [false, true, true]);
+        assert_eq!(allowed(WrOpcode::SendWithInv), [false, true, true]);
+        assert_eq!(allowed(WrOpcode::Tso), [true, false, false]);
+    }
+
+    #[test]
+    fn receive_consuming_opcodes_are_the_srq_notes_list() {
+        let consuming: Vec<_> = WrOpcode::ALL.into_iter().filter(|o| o.consumes_recv()).collect();
+        assert_eq!(
+            consuming,
+            [WrOpcode::Send, WrOpcode::SendWithImm, WrOpcode::RdmaWriteWithImm, WrOpcode::SendWithInv]
+        );
+    }
+}

@@ -254,6 +254,16 @@ mod tests {
     }
 
     #[test]
+    fn state_byte_round_trips() {
+        for v in 0..=255u8 {
+            match QpState::from_u8(v) {
+                Some(s) => assert_eq!(s as u8, v),
+                None => assert!(v > QpState::Error as u8),
+            }
+        }
+    }
+
+    #[test]
     fn transitions() {
         use QpState::*;
         assert!(Reset.can_transition(Init));
