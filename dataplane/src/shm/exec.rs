@@ -465,8 +465,14 @@ pub(crate) fn post_send(f: &Fabric, st: &mut SqState, chain: &SendChain) -> std:
         ));
     }
     if !st.pending.is_empty() {
-        run_pending(f, st);
+        // A peer may have moved this QP to ERROR (its message failed in our receive queue)
+        // while WQEs wait: flush those before anything posted now, as poll's progress() does,
+        // so completions stay in posting order (case flush_after_peer_error_keeps_order).
+        st.progress();
         state = st.state();
+        if state == QpState::Error {
+            st.flush_pending();
+        }
     }
     let mut retired = st.slot().sq_retired.load(Ordering::Acquire);
     let mut segs = [Seg::default(); MAX_SGE];

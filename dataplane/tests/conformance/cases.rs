@@ -8,7 +8,7 @@
 
 use crate::harness::*;
 use dataplane::verbs::*;
-use dataplane::{Context, Cq, MemRegion, Mr, Pd, Qp, Srq};
+use dataplane::{Context, MemRegion, Mr, Pd, Qp, Srq};
 
 /// Receive buffers start here in a node's buffer.
 const RX: usize = 64 << 10;
@@ -702,12 +702,12 @@ pub fn recv_mr_without_local_write_einval<H: Harness>(t: &str) {
     let mut p = rc_pair::<H>(t);
     let ro = p.b.pd.reg_mr(&p.b.region, RX, 4096, AccessFlags::REMOTE_READ).unwrap();
     expect_post_err(p.qb.post_recv(&RecvChain::one(1, &[Sge::new(ro.addr(), 64, ro.lkey())])), Errno::EINVAL, 0);
-    let b = &p.b;
-    let srq = b.pd.create_srq(&SrqAttr { max_wr: 4, max_sge: 1, srq_limit: 0 }).unwrap();
-    let mut srq = srq;
+    let mut srq = p.b.pd.create_srq(&srq_attr(4, 1)).unwrap();
     expect_post_err(srq.post_recv(&RecvChain::one(1, &[Sge::new(ro.addr(), 64, ro.lkey())])), Errno::EINVAL, 0);
+    // Nothing was posted: the SEND finds no receive (it waits on RNR) and nothing completes.
     send(&mut p.qa, &p.a, 1, 0, 8);
     assert_no_completion(&mut p.b.rcq);
+    assert_no_completion(&mut p.a.scq);
 }
 
 /// ibv_post_recv(3) and ibv_post_srq_recv(3): "the actual data of the incoming message will
@@ -835,4 +835,807 @@ pub fn recv_sges_from_different_mrs<H: Harness>(t: &str) {
     let mut got = [0u8; 12];
     region2.read(4096 + 100, &mut got);
     assert_eq!(got, data[8..]);
+}
+
+// ------------------------------------------------------------------------------------------
+// ibv_post_srq_recv(3) and its notes
+// ------------------------------------------------------------------------------------------
+
+fn srq_attr(max_wr: u32, max_sge: u32) -> SrqAttr {
+    SrqAttr { max_wr, max_sge, srq_limit: 0 }
+}
+
+/// A receiving node with an SRQ, plus helpers to attach RC QPs to it and connect senders.
+struct SrqSide<H: Harness> {
+    b: Node<H>,
+    srq: SrqOf<H>,
+}
+
+impl<H: Harness> SrqSide<H> {
+    fn new(t: &str, node: usize, max_wr: u32) -> SrqSide<H> {
+        let b = Node::<H>::open(t, node);
+        let srq = b.pd.create_srq(&srq_attr(max_wr, 4)).expect("create_srq");
+        SrqSide { b, srq }
+    }
+
+    fn qp(&self, qt: QpType) -> QpOf<H> {
+        self.b.qp(qt, QpCaps { max_recv_wr: 0, ..Default::default() }, Some(&self.srq), false)
+    }
+
+    /// Posts receive `wr_id` of `len` bytes at `off`.
+    fn post(&mut self, wr_id: u64, off: usize, len: u32) {
+        let sge = self.b.sge(off, len);
+        self.srq.post_recv(&RecvChain::one(wr_id, &[sge])).expect("post_srq_recv");
+    }
+}
+
+/// A sender node with one RC QP connected to `qb` (options `o`).
+fn sender_to<H: Harness>(t: &str, node: usize, qb: &mut QpOf<H>, o: &ConnOpts) -> (Node<H>, QpOf<H>) {
+    let a = Node::<H>::open(t, node);
+    let mut qa = a.qp(QpType::Rc, QpCaps::default(), None, false);
+    connect::<H>(&mut qa, qb, o);
+    (a, qa)
+}
+
+/// srq notes: "The RDMA device will take one of those Work Requests as soon as an incoming
+/// opcode to a QP, which is associated with this SRQ, will consume a Receive Request" and "a RR
+/// will be fetched from the head of SRQ": two RC QPs, connected to two different senders,
+/// consume one SRQ's requests in posting order.
+pub fn srq_shared_by_qps_of_two_senders<H: Harness>(t: &str) {
+    let mut s = SrqSide::<H>::new(t, 0, 16);
+    let (mut qb1, mut qb2) = (s.qp(QpType::Rc), s.qp(QpType::Rc));
+    let o = ConnOpts::default();
+    let (mut a1, mut qa1) = sender_to::<H>(t, 1, &mut qb1, &o);
+    let (mut a2, mut qa2) = sender_to::<H>(t, 2, &mut qb2, &o);
+    for i in 0..4 {
+        s.post(i, RX + i as usize * 64, 64);
+    }
+    for i in 0..4u64 {
+        let (a, qa, qpn) =
+            if i % 2 == 0 { (&mut a1, &mut qa1, qb1.qp_num()) } else { (&mut a2, &mut qa2, qb2.qp_num()) };
+        a.write(0, &[i as u8 + 1; 16]);
+        send(qa, a, i, 0, 16);
+        assert_eq!(poll_one(&mut a.scq).status, WcStatus::Success);
+        let r = poll_one(&mut s.b.rcq);
+        assert_eq!((r.wr_id, r.status, r.qp_num, r.byte_len), (i, WcStatus::Success, qpn, 16), "message {i}");
+        assert_eq!(s.b.read(RX + i as usize * 64, 16), [i as u8 + 1; 16]);
+    }
+    assert_no_completion(&mut s.b.rcq);
+}
+
+/// ibv_post_srq_recv notes: "ibv_post_srq_recv() can be called whether any QP is associated
+/// with the SRQ or not and regardless to the state of the QPs which are associated with it."
+pub fn srq_post_without_qp_and_in_any_qp_state<H: Harness>(t: &str) {
+    let mut s = SrqSide::<H>::new(t, 0, 16);
+    s.post(0, RX, 64);
+    let mut qb = s.qp(QpType::Rc);
+    s.post(1, RX + 64, 64);
+    to_init(&mut qb, 0, ConnOpts::default().access);
+    s.post(2, RX + 128, 64);
+    let mut q_err = s.qp(QpType::Rc);
+    q_err.modify(&QpAttr { state: QpState::Error, ..Default::default() }).unwrap();
+    s.post(3, RX + 192, 64);
+    let (mut a, mut qa) = sender_to::<H>(t, 1, &mut qb, &ConnOpts::default());
+    s.post(4, RX + 256, 64);
+    let mut c = SendChain::new();
+    for i in 0..5 {
+        c.push(SendWr::send(i).signaled(), &[a.sge(0, 8)]);
+    }
+    qa.post_send(&c).unwrap();
+    assert!(poll_n(&mut a.scq, 5).iter().all(|w| w.is_ok()));
+    let r = poll_n(&mut s.b.rcq, 5);
+    assert_eq!(r.iter().map(|w| w.wr_id).collect::<Vec<_>>(), [0, 1, 2, 3, 4]);
+    assert!(r.iter().all(|w| w.is_ok() && w.qp_num == qb.qp_num()));
+}
+
+/// ibv_post_srq_recv notes: "If the QP is in REST, INIT or ERROR state, incoming messages won't
+/// be processed and no RR will be fetched from the SRQ." An RC sender aimed at such a QP
+/// gets no answer (IBV_WC_RETRY_EXC_ERR with retry_cnt 1 and a short timeout), the QP gets no
+/// completion, and afterwards a QP in RTS on the same SRQ still finds every request, in order.
+pub fn srq_not_fetched_in_reset_init_error<H: Harness>(t: &str) {
+    let mut s = SrqSide::<H>::new(t, 0, 16);
+    s.post(0, RX, 64);
+    s.post(1, RX + 64, 64);
+    let fast = ConnOpts { retry_cnt: 1, timeout: 1, ..Default::default() };
+    for (k, state) in [QpState::Reset, QpState::Init, QpState::Error].into_iter().enumerate() {
+        let mut qb = s.qp(QpType::Rc);
+        let mut a = Node::<H>::open(t, 1 + k);
+        let mut qa = a.qp(QpType::Rc, QpCaps::default(), None, false);
+        let eb = qb.endpoint(H::gid_index()).unwrap();
+        match state {
+            QpState::Reset => {}
+            QpState::Init => to_init(&mut qb, 0, fast.access),
+            _ => {
+                let ea = qa.endpoint(H::gid_index()).unwrap();
+                to_init(&mut qb, 0, fast.access);
+                to_rtr(&mut qb, &ea, &fast);
+                to_rts(&mut qb, &fast);
+                qb.modify(&QpAttr { state: QpState::Error, ..Default::default() }).unwrap();
+            }
+        }
+        assert_eq!(qb.state(), state);
+        to_init(&mut qa, 0, fast.access);
+        to_rtr(&mut qa, &eb, &fast);
+        to_rts(&mut qa, &fast);
+        send(&mut qa, &a, 7, 0, 8);
+        let w = poll_one(&mut a.scq);
+        assert_eq!((w.wr_id, w.status), (7, WcStatus::RetryExcErr), "responder in {state:?}");
+        assert_no_completion(&mut s.b.rcq);
+    }
+    let mut qc = s.qp(QpType::Rc);
+    let (mut d, mut qd) = sender_to::<H>(t, 4, &mut qc, &ConnOpts::default());
+    send(&mut qd, &d, 1, 0, 8);
+    send(&mut qd, &d, 2, 0, 8);
+    assert_eq!(poll_n(&mut d.scq, 2).iter().filter(|w| w.is_ok()).count(), 2);
+    let r = poll_n(&mut s.b.rcq, 2);
+    assert_eq!(r.iter().map(|w| (w.wr_id, w.qp_num)).collect::<Vec<_>>(), [(0, qc.qp_num()), (1, qc.qp_num())]);
+}
+
+/// srq notes: "for SRQ you can use the LIMIT mechanism that will create an affiliated
+/// asynchronous event when the number of WRs in an SRQ drops below a specific value." The
+/// event fires once (element = SRQ number) when the count drops below the armed limit, the
+/// limit reads 0 afterwards (disarmed), and re-arming makes it fire again.
+pub fn srq_limit_event_once_and_rearm<H: Harness>(t: &str) {
+    let mut s = SrqSide::<H>::new(t, 0, 16);
+    let mut qb = s.qp(QpType::Rc);
+    let (mut a, mut qa) = sender_to::<H>(t, 1, &mut qb, &ConnOpts::default());
+    let limits = |ev: &[AsyncEvent]| ev.iter().filter(|e| e.kind == AsyncEventKind::SrqLimitReached).count();
+    let mut next = 0u64;
+    for round in 0..2 {
+        for i in 0..8 {
+            s.post(100 * round + i, RX + i as usize * 64, 64);
+        }
+        s.srq.modify(&SrqAttr { srq_limit: 4, ..srq_attr(0, 0) }, SrqAttrMask::LIMIT).unwrap();
+        assert_eq!(s.srq.query().unwrap().srq_limit, 4);
+        // 8 -> 4 posted: not below the limit yet.
+        for _ in 0..4 {
+            send(&mut qa, &a, next, 0, 8);
+            next += 1;
+        }
+        assert_eq!(poll_n(&mut s.b.rcq, 4).len(), 4);
+        assert_eq!(poll_n(&mut a.scq, 4).len(), 4);
+        assert_eq!(limits(&events_now::<H>(&s.b.ctx)), 0, "round {round}: fired at 4 posted, limit 4");
+        // 4 -> 3: fires, once.
+        send(&mut qa, &a, next, 0, 8);
+        next += 1;
+        poll_one(&mut s.b.rcq);
+        poll_one(&mut a.scq);
+        let (e, _) = wait_event::<H>(&s.b.ctx, AsyncEventKind::SrqLimitReached);
+        assert_eq!(e.element, s.srq.srq_num());
+        assert_eq!(s.srq.query().unwrap().srq_limit, 0, "the limit disarms when it fires");
+        // 3 -> 0: disarmed, no more events.
+        for _ in 0..3 {
+            send(&mut qa, &a, next, 0, 8);
+            next += 1;
+        }
+        assert_eq!(poll_n(&mut s.b.rcq, 3).len(), 3);
+        assert_eq!(poll_n(&mut a.scq, 3).len(), 3);
+        assert_eq!(limits(&events_now::<H>(&s.b.ctx)), 0, "round {round}: fired twice");
+    }
+}
+
+/// ibv_modify_srq(3) (srq notes: the limit is a count of WRs in the SRQ): arming a limit above
+/// the SRQ's max_wr fails with EINVAL and leaves the limit unchanged; max_wr itself is
+/// accepted. (ibv_create_srq ignores srq_limit, so creation is not checked.)
+pub fn srq_limit_above_max_wr_einval<H: Harness>(t: &str) {
+    let b = Node::<H>::open(t, 0);
+    let mut srq = b.pd.create_srq(&srq_attr(16, 1)).unwrap();
+    let max = srq.query().unwrap().max_wr;
+    assert!(max >= 16);
+    let e = srq.modify(&SrqAttr { srq_limit: max + 1, ..srq_attr(0, 0) }, SrqAttrMask::LIMIT).unwrap_err();
+    assert_eq!(e.errno, Errno::EINVAL);
+    assert_eq!(srq.query().unwrap().srq_limit, 0);
+    srq.modify(&SrqAttr { srq_limit: max, ..srq_attr(0, 0) }, SrqAttrMask::LIMIT).expect("limit == max_wr");
+    assert_eq!(srq.query().unwrap().srq_limit, max);
+}
+
+/// ibv_create_srq(3) (srq notes: "There is a limit to the maximum number of outstanding WRs
+/// for an SRQ. This value was specified when the SRQ was created."): an SRQ with max_wr 0 or
+/// max_sge 0, or above the device's limits, cannot be created (EINVAL).
+pub fn srq_create_bad_sizes_einval<H: Harness>(t: &str) {
+    let b = Node::<H>::open(t, 0);
+    let caps = b.ctx.caps();
+    for (wr, sge) in [(0, 1), (16, 0), (caps.max_srq_wr + 1, 1), (16, caps.max_srq_sge + 1)] {
+        let e = b.pd.create_srq(&srq_attr(wr, sge)).err().unwrap_or_else(|| panic!("max_wr {wr} max_sge {sge}"));
+        assert_eq!(e.errno, Errno::EINVAL, "max_wr {wr} max_sge {sge}");
+    }
+}
+
+/// ibv_post_srq_recv notes: "ENOMEM SRQ is full" and "On failure no change will be done to the
+/// SRQ or the QPs that are associated with it and bad_wr points to the RR that failed to be
+/// posted": exactly max_wr requests fit, the chain stops at the first that does not, and
+/// exactly max_wr messages are received.
+pub fn srq_full_enomem<H: Harness>(t: &str) {
+    let mut s = SrqSide::<H>::new(t, 0, 8);
+    let n = s.srq.query().unwrap().max_wr as u64;
+    assert!((8..=64).contains(&n));
+    for i in 0..n - 1 {
+        s.post(i, RX + i as usize * 64, 64);
+    }
+    let mut c = RecvChain::new();
+    c.push(RecvWr::new(n - 1), &[s.b.sge(RX + (n as usize - 1) * 64, 64)]);
+    c.push(RecvWr::new(1000), &[s.b.sge(RX, 64)]);
+    expect_post_err(s.srq.post_recv(&c), Errno::ENOMEM, 1);
+    let mut qb = s.qp(QpType::Rc);
+    let (mut a, mut qa) = sender_to::<H>(t, 1, &mut qb, &ConnOpts::default());
+    let mut sc = SendChain::new();
+    for i in 0..n {
+        sc.push(SendWr::send(i).signaled(), &[a.sge(0, 8)]);
+    }
+    qa.post_send(&sc).unwrap();
+    assert_eq!(poll_n(&mut a.scq, n as usize).iter().filter(|w| w.is_ok()).count(), n as usize);
+    let r = poll_n(&mut s.b.rcq, n as usize);
+    assert_eq!(r.iter().map(|w| w.wr_id).collect::<Vec<_>>(), (0..n).collect::<Vec<_>>());
+    assert_no_completion(&mut s.b.rcq);
+}
+
+/// ibv_post_srq_recv(3): "It stops processing WRs from this list at the first failure" and the
+/// notes: "If there is a failure in one of the WRs because ... one of the attributes in the WR
+/// is bad, it stops immediately and return the pointer to that WR." Checked for num_sge above
+/// max_sge, an unknown lkey, an SGE outside its MR and an lkey of another PD.
+pub fn srq_chain_stops_at_first_bad<H: Harness>(t: &str) {
+    let mut s = SrqSide::<H>::new(t, 0, 64);
+    let pd2 = s.b.ctx.alloc_pd().unwrap();
+    let other = pd2.reg_mr(&s.b.region, 0, 4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let max_sge = s.srq.query().unwrap().max_sge as usize;
+    let too_many: Vec<Sge> = (0..max_sge + 1).map(|i| s.b.sge(RX + 8192 + i * 64, 64)).collect();
+    let bads: [Vec<Sge>; 4] = [
+        too_many,
+        vec![Sge::new(s.b.addr(RX), 64, s.b.mr.lkey() ^ 0x0077_7000)],
+        vec![s.b.sge(BUF - 32, 64)],
+        vec![Sge::new(other.addr(), 64, other.lkey())],
+    ];
+    let mut good = 0u64;
+    for (k, bad) in bads.iter().enumerate() {
+        let mut c = RecvChain::new();
+        c.push(RecvWr::new(good), &[s.b.sge(RX + good as usize * 64, 64)]);
+        c.push(RecvWr::new(1000 + k as u64), bad);
+        c.push(RecvWr::new(2000 + k as u64), &[s.b.sge(RX, 64)]);
+        expect_post_err(s.srq.post_recv(&c), Errno::EINVAL, 1);
+        good += 1;
+    }
+    let mut qb = s.qp(QpType::Rc);
+    let (mut a, mut qa) = sender_to::<H>(t, 1, &mut qb, &ConnOpts::default());
+    let mut sc = SendChain::new();
+    for i in 0..good {
+        sc.push(SendWr::send(i).signaled(), &[a.sge(0, 8)]);
+    }
+    qa.post_send(&sc).unwrap();
+    assert_eq!(poll_n(&mut a.scq, good as usize).iter().filter(|w| w.is_ok()).count(), good as usize);
+    let r = poll_n(&mut s.b.rcq, good as usize);
+    assert_eq!(r.iter().map(|w| w.wr_id).collect::<Vec<_>>(), (0..good).collect::<Vec<_>>());
+    assert_no_completion(&mut s.b.rcq);
+}
+
+/// The sequence of the srq notes' "Which operations will consume RRs?": Send, Send with
+/// Immediate and RDMA Write with immediate consume one each; RDMA Write consumes none. The
+/// WRITE_WITH_IMM data lands at remote_addr (not in the RR's buffer) and the completion is
+/// IBV_WC_RECV_RDMA_WITH_IMM with the immediate and the written length.
+fn consumption_sequence<H: Harness>(
+    a: &mut Node<H>,
+    qa: &mut QpOf<H>,
+    b: &mut Node<H>,
+    post_rr: &mut dyn FnMut(&Node<H>, u64),
+) {
+    b.region.fill(RX, 4096, 0);
+    for i in 0..4 {
+        post_rr(b, 100 + i);
+    }
+    let rkey = b.mr.rkey();
+    let mut go = |qa: &mut QpOf<H>, wr: SendWr, data: &[u8]| {
+        a.write(0, data);
+        qa.post_send(&SendChain::one(wr.signaled(), &[a.sge(0, data.len() as u32)])).unwrap();
+        let s = poll_one(&mut a.scq);
+        assert_eq!((s.wr_id, s.status), (wr.wr_id, WcStatus::Success), "{}", wr.opcode.name());
+    };
+    go(qa, SendWr::write(1, b.addr(RX + 8192), rkey), b"write-01");
+    assert_no_completion(&mut b.rcq);
+    assert_eq!(b.read(RX + 8192, 8), b"write-01");
+    go(qa, SendWr::write_with_imm(2, b.addr(RX + 9000), rkey, 0x1234_5678), b"wimm-002");
+    let r = poll_one(&mut b.rcq);
+    assert_eq!(
+        (r.wr_id, r.status, r.opcode, r.imm_data, r.byte_len),
+        (100, WcStatus::Success, WcOpcode::RecvRdmaWithImm, 0x1234_5678, 8)
+    );
+    assert!(r.wc_flags.contains(WcFlags::WITH_IMM));
+    assert_eq!(b.read(RX + 9000, 8), b"wimm-002");
+    assert_eq!(b.read(RX, 64), [0u8; 64], "WRITE_WITH_IMM data does not go to the RR buffer");
+    go(qa, SendWr::write(3, b.addr(RX + 8200), rkey), b"write-03");
+    assert_no_completion(&mut b.rcq);
+    go(qa, SendWr::send_with_imm(4, 0xabcd), b"simm-004");
+    let r = poll_one(&mut b.rcq);
+    assert_eq!((r.wr_id, r.opcode, r.imm_data, r.byte_len), (101, WcOpcode::Recv, 0xabcd, 8));
+    assert!(r.wc_flags.contains(WcFlags::WITH_IMM));
+    go(qa, SendWr::send(5), b"send-005");
+    let r = poll_one(&mut b.rcq);
+    assert_eq!((r.wr_id, r.opcode, r.byte_len), (102, WcOpcode::Recv, 8));
+    assert!(!r.wc_flags.contains(WcFlags::WITH_IMM));
+    // Exactly three were consumed: the fourth request is still next.
+    go(qa, SendWr::send(6), b"send-006");
+    assert_eq!(poll_one(&mut b.rcq).wr_id, 103);
+    assert_no_completion(&mut b.rcq);
+}
+
+/// srq notes, "Which operations will consume RRs?" — on a QP's own receive queue.
+pub fn recv_consumed_by_send_imm_and_write_imm_only<H: Harness>(t: &str) {
+    let Pair { mut a, mut b, mut qa, mut qb } = rc_pair::<H>(t);
+    let mut post = |b: &Node<H>, id: u64| {
+        qb.post_recv(&RecvChain::one(id, &[b.sge(RX + (id as usize - 100) * 64, 64)])).unwrap();
+    };
+    consumption_sequence::<H>(&mut a, &mut qa, &mut b, &mut post);
+}
+
+/// srq notes, "Which operations will consume RRs?" — on an SRQ.
+pub fn srq_consumed_by_send_imm_and_write_imm_only<H: Harness>(t: &str) {
+    let SrqSide { mut b, mut srq } = SrqSide::<H>::new(t, 0, 16);
+    let mut qb = b.qp(QpType::Rc, QpCaps { max_recv_wr: 0, ..Default::default() }, Some(&srq), false);
+    let (mut a, mut qa) = sender_to::<H>(t, 1, &mut qb, &ConnOpts::default());
+    let mut post = |b: &Node<H>, id: u64| {
+        srq.post_recv(&RecvChain::one(id, &[b.sge(RX + (id as usize - 100) * 64, 64)])).unwrap();
+    };
+    consumption_sequence::<H>(&mut a, &mut qa, &mut b, &mut post);
+}
+
+/// srq notes: "length: The length of the buffer in bytes. The value 0 is a special value and is
+/// equal to 2^{31} bytes" — so a receive SGE of length 0 over an MR smaller than 2 GiB is
+/// outside its MR: EINVAL, on an SRQ and on a QP's receive queue.
+pub fn recv_sge_length_zero_is_2g<H: Harness>(t: &str) {
+    let mut s = SrqSide::<H>::new(t, 0, 16);
+    assert!((s.b.mr.len() as u64) < 1 << 31);
+    let zero = Sge::new(s.b.addr(RX), 0, s.b.mr.lkey());
+    expect_post_err(s.srq.post_recv(&RecvChain::one(1, &[zero])), Errno::EINVAL, 0);
+    let mut qb = s.b.qp(QpType::Rc, QpCaps::default(), None, false);
+    to_init(&mut qb, 0, AccessFlags::empty());
+    expect_post_err(qb.post_recv(&RecvChain::one(1, &[zero])), Errno::EINVAL, 0);
+}
+
+/// srq notes: "num_sge ... If this size is 0, this indicates that the message size is 0": an
+/// SRQ request without SGEs takes a 0-byte message, and a 1-byte message into it fails with
+/// IBV_WC_LOC_LEN_ERR.
+pub fn srq_zero_sge_request_takes_only_empty_message<H: Harness>(t: &str) {
+    let mut s = SrqSide::<H>::new(t, 0, 16);
+    s.srq.post_recv(&RecvChain::one(1, &[])).unwrap();
+    s.srq.post_recv(&RecvChain::one(2, &[])).unwrap();
+    let mut qb = s.qp(QpType::Rc);
+    let (mut a, mut qa) = sender_to::<H>(t, 1, &mut qb, &ConnOpts::default());
+    qa.post_send(&SendChain::one(SendWr::send(1).signaled(), &[])).unwrap();
+    assert_eq!(poll_one(&mut a.scq).status, WcStatus::Success);
+    let r = poll_one(&mut s.b.rcq);
+    assert_eq!((r.wr_id, r.status, r.byte_len), (1, WcStatus::Success, 0));
+    send(&mut qa, &a, 2, 0, 1);
+    assert_eq!(poll_one(&mut a.scq).status, WcStatus::RemInvReqErr);
+    let r = poll_one(&mut s.b.rcq);
+    assert_eq!((r.wr_id, r.status), (2, WcStatus::LocLenErr));
+}
+
+/// srq notes: "What will happen if I will deregister an MR that is used by an outstanding WR?
+/// When processing a WR, if one of the MRs that are specified in the WR isn't valid, a Work
+/// Completion with error will be generated." No byte is written through the dead MR.
+pub fn srq_mr_deregistered_while_outstanding<H: Harness>(t: &str) {
+    let mut s = SrqSide::<H>::new(t, 0, 16);
+    let mr2 = s.b.pd.reg_mr(&s.b.region, RX, 4096, AccessFlags::LOCAL_WRITE).unwrap();
+    s.srq.post_recv(&RecvChain::one(1, &[Sge::new(mr2.addr(), 64, mr2.lkey())])).unwrap();
+    drop(mr2);
+    let mut qb = s.qp(QpType::Rc);
+    let (mut a, mut qa) = sender_to::<H>(t, 1, &mut qb, &ConnOpts::default());
+    a.write(0, &[0xab; 16]);
+    send(&mut qa, &a, 1, 0, 16);
+    let w = poll_one(&mut a.scq);
+    assert_ne!(w.status, WcStatus::Success, "the sender must not see success");
+    let r = poll_one(&mut s.b.rcq);
+    assert_eq!(r.wr_id, 1);
+    assert_ne!(r.status, WcStatus::Success);
+    assert_eq!(s.b.read(RX, 16), [0u8; 16], "nothing written through a deregistered MR");
+}
+
+/// ibv_post_srq_recv(3): "If a WR is being posted to a UD QP, the Global Routing Header (GRH) of
+/// the incoming message will be placed in the first 40 bytes of the buffer(s)" — for UD QPs
+/// taking their receives from an SRQ too.
+pub fn ud_over_srq_data_at_40<H: Harness>(t: &str) {
+    let mut s = SrqSide::<H>::new(t, 0, 16);
+    let mut qb = s.qp(QpType::Ud);
+    ud_ready(&mut qb, QKEY);
+    let mut a = Node::<H>::open(t, 1);
+    let mut qa = a.qp(QpType::Ud, QpCaps::default(), None, false);
+    ud_ready(&mut qa, QKEY);
+    let ah = ah_to::<H>(&a, &qb.endpoint(H::gid_index()).unwrap(), true).unwrap();
+    let data = pattern(11, 64);
+    a.write(0, &data);
+    s.post(5, RX, 40 + 64);
+    qa.post_send(&SendChain::one(ud_send_wr::<H>(&ah, qb.qp_num(), QKEY, 1), &[a.sge(0, 64)])).unwrap();
+    assert_eq!(poll_one(&mut a.scq).status, WcStatus::Success);
+    let r = poll_one(&mut s.b.rcq);
+    assert_eq!(
+        (r.wr_id, r.status, r.byte_len, r.src_qp, r.qp_num),
+        (5, WcStatus::Success, 104, qa.qp_num(), qb.qp_num())
+    );
+    assert!(r.wc_flags.contains(WcFlags::GRH));
+    assert_eq!(s.b.read(RX + 40, 64), data);
+}
+
+// ------------------------------------------------------------------------------------------
+// QP state machine, RNR, retries, flush
+// ------------------------------------------------------------------------------------------
+
+/// srq notes ("Wait enough time, maybe a Work Completion will eventually be generated";
+/// architecture: an empty RQ leaves the WR pending, retried up to rnr_retry, 7 = forever): a
+/// SEND to a QP with no receive posted does not complete while the responder has none, and
+/// completes successfully once one is posted.
+pub fn rnr_then_success<H: Harness>(t: &str) {
+    let o = ConnOpts { rnr_retry: 7, min_rnr_timer: 1, ..Default::default() };
+    let mut p = rc_pair_with::<H>(t, o);
+    p.a.write(0, b"patience");
+    send(&mut p.qa, &p.a, 1, 0, 8);
+    assert_no_completion(&mut p.a.scq);
+    assert_no_completion(&mut p.b.rcq);
+    recv(&mut p.qb, &p.b, 9, RX, 64);
+    let s = poll_one(&mut p.a.scq);
+    assert_eq!((s.wr_id, s.status), (1, WcStatus::Success));
+    let r = poll_one(&mut p.b.rcq);
+    assert_eq!((r.wr_id, r.status, r.byte_len), (9, WcStatus::Success, 8));
+    assert_eq!(p.b.read(RX, 8), b"patience");
+}
+
+/// RNR retries exhausted (rnr_retry 1): IBV_WC_RNR_RETRY_EXC_ERR, the QP enters ERROR, and every
+/// WR posted behind it — and after it, signaled or not — completes with IBV_WC_WR_FLUSH_ERR,
+/// in posting order (errors always generate a completion).
+pub fn rnr_retry_exhausted_flushes_rest<H: Harness>(t: &str) {
+    let o = ConnOpts { rnr_retry: 1, min_rnr_timer: 1, ..Default::default() };
+    let mut p = rc_pair_with::<H>(t, o);
+    let mut c = SendChain::new();
+    c.push(SendWr::send(1).signaled(), &[p.a.sge(0, 8)]);
+    c.push(SendWr::send(2), &[p.a.sge(0, 8)]);
+    c.push(SendWr::send(3).signaled(), &[p.a.sge(0, 8)]);
+    p.qa.post_send(&c).unwrap();
+    let s = poll_n(&mut p.a.scq, 3);
+    assert_eq!(
+        s.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [(1, WcStatus::RnrRetryExcErr), (2, WcStatus::WrFlushErr), (3, WcStatus::WrFlushErr)]
+    );
+    assert_eq!(p.qa.state(), QpState::Error);
+    p.qa.post_send(&SendChain::one(SendWr::send(4), &[p.a.sge(0, 8)])).expect("post_send in ERROR is accepted");
+    let s = poll_one(&mut p.a.scq);
+    assert_eq!((s.wr_id, s.status), (4, WcStatus::WrFlushErr));
+    recv(&mut p.qb, &p.b, 1, RX, 64);
+    assert_no_completion(&mut p.b.rcq);
+    assert_no_completion(&mut p.a.scq);
+}
+
+/// ibv_modify_qp(3) to ERROR: every posted receive completes with IBV_WC_WR_FLUSH_ERR and its
+/// wr_id, in order; a receive (or send) posted in ERROR is accepted and flushed too.
+pub fn modify_to_error_flushes_recvs<H: Harness>(t: &str) {
+    let mut p = rc_pair::<H>(t);
+    for i in 7..10 {
+        recv(&mut p.qb, &p.b, i, RX + i as usize * 64, 64);
+    }
+    p.qb.modify(&QpAttr { state: QpState::Error, ..Default::default() }).unwrap();
+    assert_eq!(p.qb.state(), QpState::Error);
+    let r = poll_n(&mut p.b.rcq, 3);
+    assert_eq!(
+        r.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        (7..10).map(|i| (i, WcStatus::WrFlushErr)).collect::<Vec<_>>()
+    );
+    recv(&mut p.qb, &p.b, 10, RX, 64);
+    let r = poll_one(&mut p.b.rcq);
+    assert_eq!((r.wr_id, r.status), (10, WcStatus::WrFlushErr));
+    p.qb.post_send(&SendChain::one(SendWr::send(11), &[p.b.sge(0, 8)])).unwrap();
+    let s = poll_one(&mut p.b.scq);
+    assert_eq!((s.wr_id, s.status), (11, WcStatus::WrFlushErr));
+    assert_no_completion(&mut p.b.rcq);
+}
+
+/// ibv_modify_qp(3) state machine: RESET→RTR, RESET→RTS, INIT→RTS, RTS→INIT and ERROR→RTS fail
+/// with EINVAL and leave the state unchanged; ERROR→RESET→INIT→RTR→RTS works and the QP
+/// carries traffic again.
+pub fn invalid_transitions_einval<H: Harness>(t: &str) {
+    let a = Node::<H>::open(t, 0);
+    let mut b = Node::<H>::open(t, 1);
+    let mut qa = a.qp(QpType::Rc, QpCaps::default(), None, false);
+    let mut qb = b.qp(QpType::Rc, QpCaps::default(), None, false);
+    let o = ConnOpts::default();
+    let eb = qb.endpoint(H::gid_index()).unwrap();
+    let ah = AhAttr { dlid: eb.lid, is_global: true, dgid: eb.gid, port_num: 1, hop_limit: 1, ..Default::default() };
+    let rtr = QpAttr { state: QpState::Rtr, dest_qp_num: eb.qpn, ah, min_rnr_timer: 1, ..Default::default() };
+    let rts = QpAttr { state: QpState::Rts, ..Default::default() };
+    let init = QpAttr { state: QpState::Init, access: o.access, ..Default::default() };
+    let bad = |qp: &mut QpOf<H>, attr: &QpAttr, from: QpState| {
+        let e = qp.modify(attr).expect_err("forbidden transition");
+        assert_eq!(e.errno, Errno::EINVAL, "{from:?} -> {:?}", attr.state);
+        assert_eq!(qp.state(), from);
+    };
+    bad(&mut qa, &rtr, QpState::Reset);
+    bad(&mut qa, &rts, QpState::Reset);
+    qa.modify(&init).unwrap();
+    bad(&mut qa, &rts, QpState::Init);
+    qa.modify(&rtr).unwrap();
+    qa.modify(&rts).unwrap();
+    bad(&mut qa, &init, QpState::Rts);
+    qa.modify(&QpAttr { state: QpState::Error, ..Default::default() }).unwrap();
+    bad(&mut qa, &rts, QpState::Error);
+    bad(&mut qa, &init, QpState::Error);
+    qa.modify(&QpAttr { state: QpState::Reset, ..Default::default() }).unwrap();
+    assert_eq!(qa.state(), QpState::Reset);
+    qa.modify(&init).unwrap();
+    assert_eq!(qa.state(), QpState::Init);
+    let ea = qa.endpoint(H::gid_index()).unwrap();
+    to_init(&mut qb, 0, o.access);
+    to_rtr(&mut qb, &ea, &o);
+    to_rts(&mut qb, &o);
+    qa.modify(&rtr).unwrap();
+    qa.modify(&rts).unwrap();
+    recv(&mut qb, &b, 1, RX, 64);
+    let mut a = a;
+    send(&mut qa, &a, 1, 0, 8);
+    assert_eq!(poll_one(&mut a.scq).status, WcStatus::Success);
+    assert_eq!(poll_one(&mut b.rcq).status, WcStatus::Success);
+}
+
+/// ibv_create_qp(3)/ibv_create_cq(3): zero-depth queues are refused with EINVAL — a send queue
+/// of 0, a receive queue of 0 without an SRQ, a CQ of 0 — as are depths above the device's
+/// limits; a receive queue of 0 with an SRQ is fine (the QP's own RQ is not used).
+pub fn zero_depth_queues_einval<H: Harness>(t: &str) {
+    let b = Node::<H>::open(t, 0);
+    let caps = b.ctx.caps();
+    let bad_caps = [
+        QpCaps { max_send_wr: 0, ..Default::default() },
+        QpCaps { max_recv_wr: 0, ..Default::default() },
+        QpCaps { max_send_wr: caps.max_qp_wr + 1, ..Default::default() },
+        QpCaps { max_send_sge: caps.max_sge + 1, ..Default::default() },
+    ];
+    for cap in bad_caps {
+        let e = b.try_qp(QpType::Rc, cap, None, false).err().unwrap_or_else(|| panic!("{cap:?} accepted"));
+        assert_eq!(e.errno, Errno::EINVAL, "{cap:?}");
+    }
+    for cqe in [0, caps.max_cqe + 1] {
+        assert_eq!(b.ctx.create_cq(cqe).err().expect("bad CQ size").errno, Errno::EINVAL, "cqe {cqe}");
+    }
+    let srq = b.pd.create_srq(&srq_attr(16, 1)).unwrap();
+    b.try_qp(QpType::Rc, QpCaps { max_recv_wr: 0, ..Default::default() }, Some(&srq), false)
+        .expect("max_recv_wr 0 with an SRQ");
+}
+
+/// RC reliability (IBV_WC_RETRY_EXC_ERR): a QP whose destination QP does not exist gets no
+/// answer; with retry_cnt 1 and a short ACK timeout the SEND fails with RETRY_EXC_ERR and the
+/// QP enters ERROR.
+pub fn unreachable_peer_retry_exc<H: Harness>(t: &str) {
+    let mut a = Node::<H>::open(t, 0);
+    let b = Node::<H>::open(t, 1);
+    let gone = {
+        let q = b.qp(QpType::Rc, QpCaps::default(), None, false);
+        q.endpoint(H::gid_index()).unwrap()
+    };
+    let mut qa = a.qp(QpType::Rc, QpCaps::default(), None, false);
+    let o = ConnOpts { retry_cnt: 1, timeout: 1, ..Default::default() };
+    to_init(&mut qa, 0, o.access);
+    to_rtr(&mut qa, &gone, &o);
+    to_rts(&mut qa, &o);
+    send(&mut qa, &a, 1, 0, 8);
+    let s = poll_one(&mut a.scq);
+    assert_eq!((s.wr_id, s.status), (1, WcStatus::RetryExcErr));
+    assert_eq!(qa.state(), QpState::Error);
+}
+
+/// Completion order after an error raised by the peer: a SEND waits for a receive (RNR); then
+/// the peer's too-long message puts this QP into ERROR (LOC_LEN_ERR). The waiting SEND and a
+/// SEND posted afterwards both complete with IBV_WC_WR_FLUSH_ERR, in posting order (a send
+/// queue is FIFO; "errors always generate a completion").
+pub fn flush_after_peer_error_keeps_order<H: Harness>(t: &str) {
+    let mut p = rc_pair::<H>(t);
+    send(&mut p.qa, &p.a, 1, 0, 8);
+    recv(&mut p.qa, &p.a, 50, RX, 4);
+    send(&mut p.qb, &p.b, 60, 0, 16);
+    assert_eq!(poll_one(&mut p.b.scq).status, WcStatus::RemInvReqErr);
+    assert_eq!(poll_one(&mut p.a.rcq).status, WcStatus::LocLenErr);
+    assert_eq!(p.qa.state(), QpState::Error);
+    p.qa.post_send(&SendChain::one(SendWr::send(2).signaled(), &[p.a.sge(0, 8)])).unwrap();
+    let s = poll_n(&mut p.a.scq, 2);
+    assert_eq!(
+        s.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [(1, WcStatus::WrFlushErr), (2, WcStatus::WrFlushErr)]
+    );
+}
+
+// ------------------------------------------------------------------------------------------
+// RDMA WRITE/READ and atomics
+// ------------------------------------------------------------------------------------------
+
+/// ibv_post_send(3) opcodes on RC with a correct rkey: RDMA_WRITE places the bytes at
+/// remote_addr; RDMA_READ copies remote bytes into the local scatter list (byte_len = length);
+/// FETCH_AND_ADD returns the old value and adds; CMP_AND_SWP swaps only when equal and
+/// returns the old value either way.
+pub fn rdma_write_read_atomics<H: Harness>(t: &str) {
+    let mut p = rc_pair::<H>(t);
+    let rkey = p.b.mr.rkey();
+    let data = pattern(12, 64);
+    p.a.write(0, &data);
+    let go = |wr: SendWr, sge: Sge, p: &mut Pair<H>| -> WorkCompletion {
+        p.qa.post_send(&SendChain::one(wr.signaled(), &[sge])).unwrap();
+        let s = poll_one(&mut p.a.scq);
+        assert_eq!((s.wr_id, s.status), (wr.wr_id, WcStatus::Success), "{}", wr.opcode.name());
+        s
+    };
+    let s = go(SendWr::write(1, p.b.addr(RX + 100), rkey), p.a.sge(0, 64), &mut p);
+    assert_eq!(s.opcode, WcOpcode::RdmaWrite);
+    assert_eq!(p.b.read(RX + 100, 64), data);
+    let remote = pattern(13, 16);
+    p.b.write(RX + 1000, &remote);
+    let s = go(SendWr::read(2, p.b.addr(RX + 1000), rkey), p.a.sge(2000, 16), &mut p);
+    assert_eq!((s.opcode, s.byte_len), (WcOpcode::RdmaRead, 16));
+    assert_eq!(p.a.read(2000, 16), remote);
+    let word = RX + 4096;
+    p.b.write(word, &5u64.to_ne_bytes());
+    let s = go(SendWr::fetch_add(3, p.b.addr(word), rkey, 3), p.a.sge(3000, 8), &mut p);
+    assert_eq!((s.opcode, s.byte_len), (WcOpcode::FetchAdd, 8));
+    assert_eq!(p.a.read(3000, 8), 5u64.to_ne_bytes());
+    assert_eq!(p.b.read(word, 8), 8u64.to_ne_bytes());
+    let s = go(SendWr::cmp_swap(4, p.b.addr(word), rkey, 8, 100), p.a.sge(3008, 8), &mut p);
+    assert_eq!(s.opcode, WcOpcode::CompSwap);
+    assert_eq!(p.a.read(3008, 8), 8u64.to_ne_bytes());
+    assert_eq!(p.b.read(word, 8), 100u64.to_ne_bytes());
+    go(SendWr::cmp_swap(5, p.b.addr(word), rkey, 7, 1), p.a.sge(3016, 8), &mut p);
+    assert_eq!(p.a.read(3016, 8), 100u64.to_ne_bytes());
+    assert_eq!(p.b.read(word, 8), 100u64.to_ne_bytes(), "no swap when the compare fails");
+    assert_no_completion(&mut p.b.rcq);
+}
+
+/// ibv_post_send(3): "rkey: Key of the remote Memory Region" — a wrong rkey gives
+/// IBV_WC_REM_ACCESS_ERR, the QP enters ERROR, and no remote byte changes; the same for READ
+/// and atomics.
+pub fn rdma_bad_rkey_rem_access<H: Harness>(t: &str) {
+    let mut p = rc_pair::<H>(t);
+    let o = ConnOpts::default();
+    let bad = p.b.mr.rkey() ^ 0x0033_3000;
+    p.a.write(0, &[0xab; 16]);
+    for wr in [
+        SendWr::write(1, p.b.addr(RX), bad),
+        SendWr::read(2, p.b.addr(RX), bad),
+        SendWr::fetch_add(3, p.b.addr(RX), bad, 1),
+        SendWr::cmp_swap(4, p.b.addr(RX), bad, 0, 9),
+    ] {
+        let len = if wr.opcode == WrOpcode::RdmaWrite || wr.opcode == WrOpcode::RdmaRead { 16 } else { 8 };
+        p.qa.post_send(&SendChain::one(wr.signaled(), &[p.a.sge(0, len)])).unwrap();
+        let s = poll_one(&mut p.a.scq);
+        assert_eq!((s.wr_id, s.status), (wr.wr_id, WcStatus::RemAccessErr), "{}", wr.opcode.name());
+        assert_eq!(p.qa.state(), QpState::Error);
+        assert_eq!(p.b.read(RX, 16), [0u8; 16]);
+        assert_eq!(p.a.read(0, 16), [0xab; 16], "{}: local buffer untouched", wr.opcode.name());
+        reconnect::<H>(&mut p, &o);
+    }
+}
+
+/// ibv_reg_mr(3) access flags as enforced by the responder: an RDMA WRITE into an MR without
+/// IBV_ACCESS_REMOTE_WRITE, a READ of one without REMOTE_READ and an atomic on one without
+/// REMOTE_ATOMIC all fail with IBV_WC_REM_ACCESS_ERR and change nothing.
+pub fn rdma_missing_remote_access_rem_access<H: Harness>(t: &str) {
+    let mut p = rc_pair::<H>(t);
+    let o = ConnOpts::default();
+    let lw = AccessFlags::LOCAL_WRITE;
+    let no_write = p.b.pd.reg_mr(&p.b.region, RX, 4096, lw | AccessFlags::REMOTE_READ).unwrap();
+    let no_read = p.b.pd.reg_mr(&p.b.region, RX, 4096, lw | AccessFlags::REMOTE_WRITE).unwrap();
+    let no_atomic =
+        p.b.pd.reg_mr(&p.b.region, RX, 4096, lw | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ).unwrap();
+    p.a.write(0, &[0xab; 16]);
+    for (wr, len) in [
+        (SendWr::write(1, no_write.addr(), no_write.rkey()), 16),
+        (SendWr::read(2, no_read.addr(), no_read.rkey()), 16),
+        (SendWr::fetch_add(3, no_atomic.addr(), no_atomic.rkey(), 1), 8),
+    ] {
+        p.qa.post_send(&SendChain::one(wr.signaled(), &[p.a.sge(0, len)])).unwrap();
+        let s = poll_one(&mut p.a.scq);
+        assert_eq!((s.wr_id, s.status), (wr.wr_id, WcStatus::RemAccessErr), "{}", wr.opcode.name());
+        assert_eq!(p.b.read(RX, 16), [0u8; 16]);
+        assert_eq!(p.a.read(0, 16), [0xab; 16]);
+        reconnect::<H>(&mut p, &o);
+    }
+    // With the right flag the same MR works.
+    p.qa.post_send(&SendChain::one(SendWr::read(4, no_write.addr(), no_write.rkey()).signaled(), &[p.a.sge(0, 16)]))
+        .unwrap();
+    assert_eq!(poll_one(&mut p.a.scq).status, WcStatus::Success);
+}
+
+/// Remote bounds (ibv_post_send(3): "remote_addr: Start address of remote memory buffer" of
+/// the MR named by rkey): WRITE, READ and atomics that reach past either end of the MR fail with
+/// IBV_WC_REM_ACCESS_ERR, and no byte outside the MR changes — canaries just past its end and
+/// before its start (same region, outside the MR) stay intact, and so do the in-range bytes.
+pub fn rdma_out_of_bounds_rem_access<H: Harness>(t: &str) {
+    let mut p = rc_pair::<H>(t);
+    let o = ConnOpts::default();
+    let base = RX + 65536;
+    let all =
+        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
+    let mr = p.b.pd.reg_mr(&p.b.region, base, 4096, all).unwrap();
+    p.b.region.fill(base - 64, 64, 0xcc);
+    p.b.region.fill(base + 4096, 64, 0xcc);
+    p.a.write(0, &[0xab; 32]);
+    let (lo, hi, k) = (mr.addr(), mr.addr() + 4096, mr.rkey());
+    for (wr, len) in [
+        (SendWr::write(1, hi - 8, k), 16),
+        (SendWr::write(2, lo - 8, k), 16),
+        (SendWr::write(3, hi, k), 1),
+        (SendWr::read(4, hi - 8, k), 16),
+        (SendWr::fetch_add(5, hi, k, 1), 8),
+        (SendWr::cmp_swap(6, lo - 8, k, 0, 1), 8),
+    ] {
+        p.qa.post_send(&SendChain::one(wr.signaled(), &[p.a.sge(0, len)])).unwrap();
+        let s = poll_one(&mut p.a.scq);
+        assert_eq!((s.wr_id, s.status), (wr.wr_id, WcStatus::RemAccessErr), "{}", wr.opcode.name());
+        assert_eq!(p.b.read(base - 64, 64), [0xcc; 64], "canary before the MR");
+        assert_eq!(p.b.read(base + 4096, 64), [0xcc; 64], "canary after the MR");
+        assert_eq!(p.b.read(base, 4096), vec![0u8; 4096], "in-range bytes of a failed WR");
+        reconnect::<H>(&mut p, &o);
+    }
+    // Exactly up to the end is in bounds.
+    p.qa.post_send(&SendChain::one(SendWr::write(7, hi - 16, k).signaled(), &[p.a.sge(0, 16)])).unwrap();
+    assert_eq!(poll_one(&mut p.a.scq).status, WcStatus::Success);
+    assert_eq!(p.b.read(base + 4096 - 16, 16), [0xab; 16]);
+    assert_eq!(p.b.read(base + 4096, 64), [0xcc; 64]);
+}
+
+/// ibv_post_send(3)/ibv_post_recv(3) RETURN VALUE ("returns 0 on success, or the value of errno
+/// on failure"): garbage arguments — huge addresses, length u32::MAX, lkey 0xffffffff, 100
+/// SGEs, out-of-range attributes — give errors (at post time or as error completions), never
+/// a panic or a crash, and leave a healthy QP healthy.
+pub fn garbage_arguments_never_panic<H: Harness>(t: &str) {
+    let mut p = rc_pair::<H>(t);
+    let lkey = p.a.mr.lkey();
+    let junk_sges = [
+        Sge::new(u64::MAX - 3, u32::MAX, 0xffff_ffff),
+        Sge::new(u64::MAX - 3, 16, lkey),
+        Sge::new(p.a.addr(0), u32::MAX, lkey),
+        Sge::new(0, 16, lkey),
+        Sge::new(p.a.addr(0), 16, 0),
+    ];
+    for sge in junk_sges {
+        let r = p.qa.post_send(&SendChain::one(SendWr::send(1).signaled(), &[sge]));
+        assert_eq!(r.map_err(|e| e.errno), Err(Errno::EINVAL), "send {sge:?}");
+        let r = p.qb.post_recv(&RecvChain::one(1, &[sge]));
+        assert_eq!(r.map_err(|e| e.errno), Err(Errno::EINVAL), "recv {sge:?}");
+    }
+    let hundred = vec![p.a.sge(0, 8); 100];
+    assert!(p.qa.post_send(&SendChain::one(SendWr::send(1), &hundred)).is_err());
+    assert!(p.qb.post_recv(&RecvChain::one(1, &hundred)).is_err());
+    let mut srq = p.b.pd.create_srq(&srq_attr(4, 1)).unwrap();
+    assert!(srq.post_recv(&RecvChain::one(1, &hundred)).is_err());
+    assert!(srq.post_recv(&RecvChain::one(1, &[junk_sges[0]])).is_err());
+    // Atomics need an 8-byte local buffer.
+    let faa = SendWr::fetch_add(1, p.b.addr(RX), p.b.mr.rkey(), 1);
+    assert!(p.qa.post_send(&SendChain::one(faa, &[p.a.sge(0, 4)])).is_err());
+    // Control path.
+    assert!(p.a.ctx.port_attr(200).is_err());
+    assert!(p.a.ctx.gid(1, 200).is_err());
+    assert!(p.a.ctx.create_cq(u32::MAX).is_err());
+    assert!(p.a.pd.create_srq(&srq_attr(u32::MAX, u32::MAX)).is_err());
+    assert!(p.a.pd.reg_mr(&p.a.region, BUF, 1, AccessFlags::LOCAL_WRITE).is_err());
+    assert!(p.a.pd.reg_mr(&p.a.region, 0, usize::MAX, AccessFlags::LOCAL_WRITE).is_err());
+    assert!(p.a.pd.reg_mr(&p.a.region, 0, 0, AccessFlags::LOCAL_WRITE).is_err());
+    let mut q = p.a.qp(QpType::Rc, QpCaps::default(), None, false);
+    assert!(q.modify(&QpAttr { state: QpState::Init, port_num: 200, ..Default::default() }).is_err());
+    q.modify(&QpAttr { state: QpState::Init, ..Default::default() }).unwrap();
+    let eb = p.qb.endpoint(H::gid_index()).unwrap();
+    assert!(q
+        .modify(&QpAttr { state: QpState::Rtr, dest_qp_num: eb.qpn, path_mtu: 12345, ..Default::default() })
+        .is_err());
+    assert!(q
+        .modify(&QpAttr { state: QpState::Rtr, dest_qp_num: eb.qpn, min_rnr_timer: 200, ..Default::default() })
+        .is_err());
+    assert_eq!(q.state(), QpState::Init);
+    // The pair is untouched by all of the above.
+    assert_eq!((p.qa.state(), p.qb.state()), (QpState::Rts, QpState::Rts));
+    recv(&mut p.qb, &p.b, 9, RX, 64);
+    send(&mut p.qa, &p.a, 9, 0, 8);
+    assert_eq!(poll_one(&mut p.a.scq).status, WcStatus::Success);
+    assert_eq!(poll_one(&mut p.b.rcq).wr_id, 9);
+    // Remote garbage is detected by the responder: an error completion, not a crash.
+    for wr in [
+        SendWr::write(10, u64::MAX - 3, 0xffff_ffff),
+        SendWr::write(11, u64::MAX - 3, p.b.mr.rkey()),
+        SendWr::read(12, 0, p.b.mr.rkey()),
+        SendWr::fetch_add(13, p.b.addr(RX) + 3, p.b.mr.rkey(), 1),
+    ] {
+        let len = if wr.opcode == WrOpcode::AtomicFetchAndAdd { 8 } else { 16 };
+        if p.qa.post_send(&SendChain::one(wr.signaled(), &[p.a.sge(0, len)])).is_ok() {
+            assert_ne!(poll_one(&mut p.a.scq).status, WcStatus::Success, "{}", wr.opcode.name());
+        }
+        reconnect::<H>(&mut p, &ConnOpts::default());
+    }
 }

@@ -336,20 +336,6 @@ pub fn wait_event<H: Harness>(ctx: &Ctx<H>, kind: AsyncEventKind) -> (AsyncEvent
     }
 }
 
-/// Polls `cq` for a short while and returns everything that arrived (for "exactly N" checks
-/// after the N expected ones were taken).
-pub fn drain<C: Cq>(cq: &mut C) -> Vec<WorkCompletion> {
-    let mut out = Vec::new();
-    let mut wc = [WorkCompletion::default(); 32];
-    let end = Instant::now() + Duration::from_millis(50);
-    while Instant::now() < end {
-        let got = cq.poll(&mut wc).expect("poll_cq");
-        out.extend_from_slice(&wc[..got]);
-        std::thread::yield_now();
-    }
-    out
-}
-
 /// A byte pattern derived from `seed`, `len` bytes long.
 pub fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len).map(|i| seed.wrapping_mul(31).wrapping_add(i as u8).wrapping_mul(7) ^ 0x5a).collect()
