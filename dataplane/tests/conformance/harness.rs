@@ -21,6 +21,14 @@ pub trait Harness: 'static {
     fn unsupported(_case: &str) -> Option<&'static str> {
         None
     }
+    /// Whether the provider finds bad local SGEs (unknown lkey, lkey of another PD, range
+    /// outside its MR, receive MR without LOCAL_WRITE) at post time — `shm`: EINVAL and
+    /// `bad_wr`, as the seed allows ("the first failure that can be detected immediately") —
+    /// or only when the WQE executes, as a completion error (mlx5, rxe). Cases accept either,
+    /// according to this.
+    fn sge_checked_at_post() -> bool {
+        true
+    }
 }
 
 pub type Ctx<H> = <<H as Harness>::P as Provider>::Context;
@@ -339,4 +347,20 @@ pub fn wait_event<H: Harness>(ctx: &Ctx<H>, kind: AsyncEventKind) -> (AsyncEvent
 /// A byte pattern derived from `seed`, `len` bytes long.
 pub fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len).map(|i| seed.wrapping_mul(31).wrapping_add(i as u8).wrapping_mul(7) ^ 0x5a).collect()
+}
+
+/// Posts a one-WR chain whose only fault is a bad local SGE and checks it is refused: EINVAL at
+/// bad_wr 0 where SGEs are checked at post time, else a completion error (the pair is then
+/// reconnected so the case can go on).
+#[track_caller]
+pub fn expect_bad_local_sge<H: Harness>(p: &mut Pair<H>, c: &SendChain) {
+    let r = p.qa.post_send(c);
+    if H::sge_checked_at_post() {
+        expect_post_err(r, Errno::EINVAL, 0);
+    } else {
+        r.expect("post_send (SGEs are checked when the WQE executes)");
+        let s = poll_one(&mut p.a.scq);
+        assert_ne!(s.status, WcStatus::Success, "a bad local SGE completed successfully");
+        reconnect::<H>(p, &ConnOpts::default());
+    }
 }
