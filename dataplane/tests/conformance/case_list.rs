@@ -63,4 +63,7 @@ suite!(ShmHarness;
     rdma_missing_remote_access_rem_access,
     rdma_out_of_bounds_rem_access,
     garbage_arguments_never_panic,
+    sge_zero_based_mr,
+    srq_fetched_in_rtr_and_sqd,
+    srq_recv_request_reusable_after_post,
 );

@@ -303,10 +303,12 @@ pub fn send_failed_unsignaled_wr_completes<H: Harness>(t: &str) {
 }
 
 /// ibv_post_send(3)/ibv_post_recv(3): "wr_id: User defined WR ID" — returned unchanged in the
-/// completion, every 64-bit value included.
+/// completion, every 64-bit value included, repeated values too.
 pub fn wr_id_round_trip<H: Harness>(t: &str) {
     let mut p = rc_pair::<H>(t);
-    let ids = [0u64, u64::MAX, 0x0123_4567_89ab_cdef, 1 << 63, 0x8000_0000];
+    // srq notes: wr_id "is a completely application specific ... it can be [any] value" —
+    // duplicates included.
+    let ids = [0u64, u64::MAX, 0x0123_4567_89ab_cdef, 1 << 63, 0x8000_0000, 0, u64::MAX];
     for (i, id) in ids.iter().enumerate() {
         recv(&mut p.qb, &p.b, !id, RX + i * 64, 64);
     }
@@ -797,7 +799,10 @@ pub fn ud_recv_too_small_len_err<H: Harness>(t: &str) {
 pub fn ud_larger_than_mtu_einval<H: Harness>(t: &str) {
     let mut u = ud_pair::<H>(t);
     let qpn = u.qb.qp_num();
-    let mtu = u.a.ctx.port_attr(1).unwrap().active_mtu;
+    let port = u.a.ctx.port_attr(1).unwrap();
+    // srq notes: "Verify that the logical port state of the RDMA device is IBV_PORT_ACTIVE".
+    assert_eq!(port.state, PortState::Active);
+    let mtu = port.active_mtu;
     assert!(mtu >= 256 && (mtu as usize) < RX);
     recv(&mut u.qb, &u.b, 1, RX, 40 + mtu + 64);
     let wr = ud_send_wr::<H>(&u.ah, qpn, QKEY, 1);
@@ -1688,5 +1693,95 @@ pub fn garbage_arguments_never_panic<H: Harness>(t: &str) {
             assert_ne!(poll_one(&mut p.a.scq).status, WcStatus::Success, "{}", wr.opcode.name());
         }
         reconnect::<H>(&mut p, &ConnOpts::default());
+    }
+}
+
+/// ibv_post_send(3): "addr: Start address of the local memory buffer or number of bytes from the
+/// start of the MR for MRs which are IBV_ZERO_BASED" — for gather, scatter and remote
+/// addresses alike; a ZERO_BASED offset past the MR's length is outside it.
+pub fn sge_zero_based_mr<H: Harness>(t: &str) {
+    let mut p = rc_pair::<H>(t);
+    let lw = AccessFlags::LOCAL_WRITE | AccessFlags::ZERO_BASED;
+    let za = match p.a.pd.reg_mr(&p.a.region, 8192, 4096, lw) {
+        Err(e) if e.errno == Errno::EOPNOTSUPP => {
+            println!("sge_zero_based_mr: not applicable, the device has no zero-based MRs");
+            return;
+        }
+        r => r.expect("reg_mr ZERO_BASED"),
+    };
+    let zb = p.b.pd.reg_mr(&p.b.region, RX + 8192, 4096, lw | AccessFlags::REMOTE_WRITE).unwrap();
+    let data = pattern(14, 16);
+    p.a.write(8192 + 100, &data);
+    p.qb.post_recv(&RecvChain::one(1, &[Sge::new(200, 16, zb.lkey())])).unwrap();
+    p.qa.post_send(&SendChain::one(SendWr::send(1).signaled(), &[Sge::new(100, 16, za.lkey())])).unwrap();
+    assert_eq!(poll_one(&mut p.a.scq).status, WcStatus::Success);
+    assert_eq!(poll_one(&mut p.b.rcq).byte_len, 16);
+    assert_eq!(p.b.read(RX + 8192 + 200, 16), data);
+    let w = SendWr::write(2, 300, zb.rkey()).signaled();
+    p.qa.post_send(&SendChain::one(w, &[Sge::new(100, 16, za.lkey())])).unwrap();
+    assert_eq!(poll_one(&mut p.a.scq).status, WcStatus::Success);
+    assert_eq!(p.b.read(RX + 8192 + 300, 16), data);
+    expect_bad_local_sge(&mut p, &SendChain::one(SendWr::send(3).signaled(), &[Sge::new(4090, 16, za.lkey())]));
+}
+
+/// srq notes: "If the QP is in RTR, RTS, SQD or SQE state, incoming messages will be processed
+/// and RRs will be fetched from the SRQ if needed." A QP only in RTR (never moved to RTS) and a
+/// QP moved to SQD both receive from the SRQ. (SQE is entered only by a send error on UC/UD
+/// and cannot be reached deterministically.)
+pub fn srq_fetched_in_rtr_and_sqd<H: Harness>(t: &str) {
+    let mut s = SrqSide::<H>::new(t, 0, 16);
+    s.post(1, RX, 64);
+    s.post(2, RX + 64, 64);
+    let o = ConnOpts::default();
+    // RTR only.
+    let mut qb = s.qp(QpType::Rc);
+    let mut a = Node::<H>::open(t, 1);
+    let mut qa = a.qp(QpType::Rc, QpCaps::default(), None, false);
+    let (ea, eb) = (qa.endpoint(H::gid_index()).unwrap(), qb.endpoint(H::gid_index()).unwrap());
+    to_init(&mut qb, 0, o.access);
+    to_rtr(&mut qb, &ea, &o);
+    to_init(&mut qa, 0, o.access);
+    to_rtr(&mut qa, &eb, &o);
+    to_rts(&mut qa, &o);
+    assert_eq!(qb.state(), QpState::Rtr);
+    send(&mut qa, &a, 1, 0, 8);
+    assert_eq!(poll_one(&mut a.scq).status, WcStatus::Success);
+    let r = poll_one(&mut s.b.rcq);
+    assert_eq!((r.wr_id, r.status, r.qp_num), (1, WcStatus::Success, qb.qp_num()));
+    // SQD.
+    let mut qc = s.qp(QpType::Rc);
+    let (mut c, mut qd) = sender_to::<H>(t, 2, &mut qc, &o);
+    qc.modify(&QpAttr { state: QpState::Sqd, ..Default::default() }).expect("RTS->SQD");
+    send(&mut qd, &c, 2, 0, 8);
+    assert_eq!(poll_one(&mut c.scq).status, WcStatus::Success);
+    let r = poll_one(&mut s.b.rcq);
+    assert_eq!((r.wr_id, r.status, r.qp_num), (2, WcStatus::Success, qc.qp_num()));
+}
+
+/// srq notes: "Can I (re)use the Receive Request after ibv_post_srq_recv() returned? Yes. This
+/// verb translates the Receive Request ... and you can (re)use both the Receive Request and the
+/// s/g list within it." Changing or clearing the chain after the post does not change what was
+/// posted.
+pub fn srq_recv_request_reusable_after_post<H: Harness>(t: &str) {
+    let mut s = SrqSide::<H>::new(t, 0, 16);
+    let mut c = RecvChain::new();
+    c.push(RecvWr::new(1), &[s.b.sge(RX, 64)]);
+    c.push(RecvWr::new(2), &[s.b.sge(RX + 64, 64)]);
+    s.srq.post_recv(&c).unwrap();
+    c.wrs_mut()[0].wr_id = 99;
+    c.clear();
+    c.push(RecvWr::new(3), &[s.b.sge(RX + 128, 64)]);
+    s.srq.post_recv(&c).unwrap();
+    let mut qb = s.qp(QpType::Rc);
+    let (mut a, mut qa) = sender_to::<H>(t, 1, &mut qb, &ConnOpts::default());
+    for i in 0..3u8 {
+        a.write(0, &[i + 1; 8]);
+        send(&mut qa, &a, i as u64, 0, 8);
+        assert_eq!(poll_one(&mut a.scq).status, WcStatus::Success);
+    }
+    let r = poll_n(&mut s.b.rcq, 3);
+    assert_eq!(r.iter().map(|w| w.wr_id).collect::<Vec<_>>(), [1, 2, 3]);
+    for i in 0..3 {
+        assert_eq!(s.b.read(RX + i * 64, 8), [i as u8 + 1; 8]);
     }
 }
