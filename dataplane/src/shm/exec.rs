@@ -298,7 +298,9 @@ fn exec_wr(f: &Fabric, st: &mut SqState, wr: &SendWr, src: &[Seg], total: u64) -
     }
     let fail = |s: WcStatus| Outcome::Done(if reliable { s } else { WcStatus::Success }, 0);
     match wr.opcode {
-        WrOpcode::Send | WrOpcode::SendWithImm => deliver(f, Sender::of(st), &mut st.rx, &d, wr, src, total, None, true),
+        WrOpcode::Send | WrOpcode::SendWithImm => {
+            deliver(f, Sender::of(st), &mut st.rx, &d, wr, src, total, None, true)
+        }
         WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm => {
             let Some(mr) = remote_mr(f, &d, wr, AccessFlags::REMOTE_WRITE) else { return fail(WcStatus::RemAccessErr) };
             let Some(p) = mr.translate(f, wr.remote_addr, total) else { return fail(WcStatus::RemAccessErr) };
@@ -505,7 +507,10 @@ pub(crate) fn post_send(f: &Fabric, st: &mut SqState, chain: &SendChain) -> std:
             }
             Outcome::Block(kind) => {
                 st.enqueue(wr, wqe, sges, is_inline.then_some(&segs[..n]));
-                st.blocked = Some(first_block(f, st, kind));
+                st.blocked = None;
+                if !handle_block(f, st, kind) {
+                    state = QpState::Error;
+                }
             }
         }
     }
@@ -535,12 +540,40 @@ fn block_delay(f: &Fabric, st: &SqState, kind: BlockKind) -> Duration {
     }
 }
 
-fn first_block(f: &Fabric, st: &SqState, kind: BlockKind) -> Blocked {
-    let left = match kind {
-        BlockKind::Rnr => st.rnr_retry,
-        BlockKind::Unreachable => st.retry_cnt,
+/// The WQE at the head of the pending queue could not run. Schedules its retry, or fails it
+/// (and flushes the rest) when no retry is left: `rnr_retry`/`retry_cnt` count retries after
+/// the first attempt, 7 RNR retries mean forever. Returns false when the head failed.
+fn handle_block(f: &Fabric, st: &mut SqState, kind: BlockKind) -> bool {
+    let forever =
+        (kind == BlockKind::Rnr && st.rnr_retry == 7) || (kind == BlockKind::Unreachable && st.timeout_ns.is_none());
+    let left = match st.blocked {
+        // This failure was a retry: it used one up.
+        Some(b) if b.kind == kind => {
+            st.retries += 1;
+            if forever {
+                b.left
+            } else {
+                b.left.saturating_sub(1)
+            }
+        }
+        // First failure of this kind for this WQE.
+        _ => match kind {
+            BlockKind::Rnr => st.rnr_retry,
+            BlockKind::Unreachable => st.retry_cnt,
+        },
     };
-    Blocked { kind, left, next_at: Instant::now() + block_delay(f, st, kind) }
+    let peer_dead = st.dest.is_some_and(|d| !pid_alive(d.pid));
+    if peer_dead || (!forever && left == 0) {
+        st.blocked = None;
+        if let Some(p) = st.pending.pop_front() {
+            let status =
+                if kind == BlockKind::Rnr && !peer_dead { WcStatus::RnrRetryExcErr } else { WcStatus::RetryExcErr };
+            finish(f, st, &p.wr, p.wqe, status, 0);
+        }
+        return false;
+    }
+    st.blocked = Some(Blocked { kind, left, next_at: Instant::now() + block_delay(f, st, kind) });
+    true
 }
 
 /// Runs pending WQEs in order while the head can make progress.
@@ -587,28 +620,7 @@ pub(crate) fn run_pending(f: &Fabric, st: &mut SqState) {
                 }
             }
             Outcome::Block(kind) => {
-                let mut b = match st.blocked {
-                    Some(b) if b.kind == kind => b,
-                    _ => first_block(f, st, kind),
-                };
-                let forever = (kind == BlockKind::Rnr && st.rnr_retry == 7)
-                    || (kind == BlockKind::Unreachable && st.timeout_ns.is_none());
-                let peer_dead = st.dest.is_some_and(|d| !pid_alive(d.pid));
-                if peer_dead || (!forever && b.left == 0) {
-                    st.pending.pop_front();
-                    let status = if kind == BlockKind::Rnr && !peer_dead {
-                        WcStatus::RnrRetryExcErr
-                    } else {
-                        WcStatus::RetryExcErr
-                    };
-                    finish(f, st, &p.wr, p.wqe, status, 0);
-                    return;
-                }
-                if !forever {
-                    b.left -= 1;
-                }
-                b.next_at = Instant::now() + block_delay(f, st, kind);
-                st.blocked = Some(b);
+                handle_block(f, st, kind);
                 return;
             }
         }

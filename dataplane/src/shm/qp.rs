@@ -129,6 +129,8 @@ pub(crate) struct SqState {
     pend_sges: Vec<Sge>,
     pend_inline: Vec<u8>,
     pub(crate) blocked: Option<Blocked>,
+    /// Retries made after RNR NAKs and missing responders (for stats).
+    pub(crate) retries: u64,
     registered_pending: bool,
     pub(crate) dest: Option<super::exec::DestView>,
     /// Scratch receive entry (kept here to stay off the stack in the hot path).
@@ -425,6 +427,7 @@ impl ShmQp {
             pend_sges: vec![Sge::default(); depth as usize * max_sge as usize],
             pend_inline: vec![0; depth as usize * max_inline as usize],
             blocked: None,
+            retries: 0,
             registered_pending: false,
             dest: None,
             rx: RecvEntry::default(),
@@ -639,6 +642,11 @@ impl crate::provider::Qp for ShmQp {
 }
 
 impl ShmQp {
+    /// Retries this QP's send queue has made (after RNR NAKs or an unresponsive target).
+    pub fn retries(&self) -> u64 {
+        self.sq.lock().retries
+    }
+
     /// Receive requests posted and not yet consumed (0 with an SRQ).
     pub fn recv_queued(&self) -> usize {
         self.rq.as_ref().map_or(0, |(r, _, _)| r.len() as usize)

@@ -7,6 +7,7 @@
 
 mod cases;
 mod harness;
+mod shm_only;
 mod two_process;
 
 use harness::Harness;
