@@ -11,6 +11,7 @@ use crate::verbs::{
     AccessFlags, AhAttr, AhHandle, AsyncEvent, DeviceCaps, Endpoint, PortAttr, PostError, QpAttr, QpCaps, QpState,
     QpType, RecvChain, Result, SendChain, SrqAttr, SrqAttrMask, WorkCompletion,
 };
+use crate::verbs::{OpsChain, TmCaps};
 
 /// An engine that implements the verbs.
 pub trait Provider: Sized + 'static {
@@ -96,6 +97,16 @@ pub trait Pd<P: Provider> {
     fn create_srq(&self, attr: &SrqAttr) -> Result<P::Srq>;
     /// Creates an address handle for UD sends. Errors: `EINVAL` for a bad port or GID.
     fn create_ah(&self, attr: &AhAttr) -> Result<P::Ah>;
+    /// Creates a tag-matching SRQ (`ibv_create_srq_ex` with `IBV_SRQT_TM`) whose list
+    /// operations and receives complete on `cq`. Errors: `EOPNOTSUPP` where the device has no
+    /// tag matching; `EINVAL` for `max_num_tags`/`max_ops` of 0 or above the device's.
+    fn create_srq_tm(&self, attr: &SrqAttr, tm: &TmCaps, cq: &P::Cq) -> Result<P::Srq> {
+        let _ = (attr, tm, cq);
+        Err(crate::verbs::Error::new(
+            crate::verbs::Errno::EOPNOTSUPP,
+            format!("tag matching not supported by this {} device", P::NAME),
+        ))
+    }
 }
 
 /// A registered memory region.
@@ -165,6 +176,14 @@ pub trait Srq {
     fn modify(&mut self, attr: &SrqAttr, mask: SrqAttrMask) -> Result<()>;
     /// `ibv_query_srq`: the current attributes (`srq_limit` 0 once the event fired).
     fn query(&self) -> Result<SrqAttr>;
+    /// `ibv_post_srq_ops`: TAG_ADD / TAG_DEL / TAG_SYNC on a tag-matching SRQ; TAG_ADD
+    /// handles are written back into `chain`. Errors, with `bad_wr`: `EINVAL` (not a TM SRQ,
+    /// bad SGEs, a handle never returned), `ENOMEM` (tag list full, more ops than `max_ops`),
+    /// `EOPNOTSUPP` where the provider has no tag matching.
+    fn post_ops(&mut self, chain: &mut OpsChain) -> std::result::Result<(), PostError> {
+        let _ = chain;
+        Err(PostError::new(crate::verbs::Errno::EOPNOTSUPP, 0, "tag matching not supported by this device"))
+    }
 }
 
 /// An address handle.

@@ -88,7 +88,11 @@ fn resolve_dest(f: &Fabric, qpn: u32) -> Option<DestView> {
             .ok()?;
         (Some(ring), None)
     };
-    let cqn = s.recv_cqn.load(Ordering::Relaxed);
+    // A tag-matching SRQ's receives complete on the SRQ's CQ.
+    let cqn = match srq.and_then(|s| s.tm) {
+        Some(tm) => tm.cqn,
+        None => s.recv_cqn.load(Ordering::Relaxed),
+    };
     let cq = super::cq::cq_ring(f, cqn)?;
     let v = DestView {
         qpn,
@@ -221,6 +225,20 @@ fn deliver(
     place_data: bool,
 ) -> Outcome {
     let reliable = st.qp_type == QpType::Rc;
+    // Tag matching: a matched message lands headerless in its tagged buffer; anything else
+    // continues below into a plain SRQ buffer, whole.
+    let mut tm_flags = WcFlags::empty();
+    let mut tm_view = None;
+    if let Some(tm) = d.srq.and_then(|s| s.tm).filter(|_| place_data) {
+        match tm_match(f, st, rx, d, &tm, src, total) {
+            TmOutcome::Matched => return Outcome::Done(WcStatus::Success, 0),
+            TmOutcome::Unexpected => {
+                tm_flags = WcFlags::TM_SYNC_REQ;
+                tm_view = Some(tm);
+            }
+            TmOutcome::NoTag => {}
+        }
+    }
     if !take_recv(f, d, rx) {
         return if reliable { Outcome::Block(BlockKind::Rnr) } else { Outcome::Done(WcStatus::Success, 0) };
     }
@@ -236,6 +254,10 @@ fn deliver(
         wc.imm_data = wr.imm_data;
         wc.wc_flags |= WcFlags::WITH_IMM;
     }
+    if let Some(tm) = tm_view {
+        tm.count_unexpected(f);
+    }
+    wc.wc_flags |= tm_flags;
     let hdr = if grh.is_some() { GRH_LEN } else { 0 };
     let need = hdr as u64 + if place_data { total } else { 0 };
     let mut dst = [Seg::default(); MAX_SGE];
@@ -273,6 +295,97 @@ fn deliver(
             Outcome::Done(if reliable { remote } else { WcStatus::Success }, 0)
         }
     }
+}
+
+enum TmOutcome {
+    /// Delivered into a tagged buffer.
+    Matched,
+    /// A tagged message that matched nothing (or arrived while matching was off).
+    Unexpected,
+    /// No tag header: a plain message.
+    NoTag,
+}
+
+/// Copies the first `out.len()` bytes of the gather list into `out`.
+fn gather_prefix(src: &[Seg], out: &mut [u8]) {
+    let mut at = 0;
+    for s in src {
+        let n = s.len.min(out.len() - at);
+        // SAFETY: `s` is a checked local segment of at least `n` bytes; `out` has room.
+        unsafe { std::ptr::copy(s.ptr, out[at..].as_mut_ptr(), n) };
+        at += n;
+        if at == out.len() {
+            break;
+        }
+    }
+}
+
+/// The gather list without its first `skip` bytes.
+fn skip_prefix(src: &[Seg], mut skip: usize, out: &mut [Seg; MAX_SGE]) -> usize {
+    let mut n = 0;
+    for s in src {
+        if skip >= s.len {
+            skip -= s.len;
+            continue;
+        }
+        // SAFETY: `skip < s.len`, so the new start is inside the segment.
+        out[n] = Seg { ptr: unsafe { s.ptr.add(skip) }, len: s.len - skip };
+        skip = 0;
+        n += 1;
+    }
+    n
+}
+
+/// Matches a SEND against a tag-matching SRQ's list.
+#[allow(clippy::too_many_arguments)]
+fn tm_match(
+    f: &Fabric,
+    st: Sender,
+    rx: &mut RecvEntry,
+    d: &DestView,
+    tm: &super::tm::TmView,
+    src: &[Seg],
+    total: u64,
+) -> TmOutcome {
+    if total < TMH_LEN as u64 {
+        return TmOutcome::NoTag;
+    }
+    let mut hdr = [0u8; TMH_LEN];
+    gather_prefix(src, &mut hdr);
+    let tmh = match Tmh::from_bytes(&hdr) {
+        Some(h) if h.op != TmhOp::NoTag => h,
+        _ => return TmOutcome::NoTag,
+    };
+    // Only eager messages are matched here; rendezvous headers are delivered as unexpected.
+    if tmh.op != TmhOp::Eager || !tm.take_match(f, tmh.tag, rx) {
+        return TmOutcome::Unexpected;
+    }
+    let pd = d.srq.map_or(d.pd, |s| s.pd);
+    let payload = total - TMH_LEN as u64;
+    let mut wc = WorkCompletion {
+        wr_id: rx.wr_id,
+        opcode: WcOpcode::TmRecv,
+        qp_num: d.qpn,
+        src_qp: st.qpn,
+        slid: st.lid,
+        imm_data: tmh.app_ctx,
+        wc_flags: WcFlags::TM_MATCH,
+        ..Default::default()
+    };
+    let mut dst = [Seg::default(); MAX_SGE];
+    match resolve_recv(f, pd, rx, &mut dst) {
+        None => wc.status = WcStatus::LocProtErr,
+        Some((_, cap)) if cap < payload => wc.status = WcStatus::LocLenErr,
+        Some((n, _)) => {
+            let mut body = [Seg::default(); MAX_SGE];
+            let nb = skip_prefix(src, TMH_LEN, &mut body);
+            copy_sg(&body[..nb], &dst[..n], 0);
+            wc.byte_len = payload as u32;
+            wc.wc_flags |= WcFlags::TM_DATA_VALID;
+        }
+    }
+    push_recv_wc(f, d, wc);
+    TmOutcome::Matched
 }
 
 /// Checks an rkey for a remote operation on `d`; returns the MR on success.

@@ -54,6 +54,26 @@ impl Drop for FabricLock<'_> {
     }
 }
 
+/// Takes a lock word in shared memory for `pid`, stealing it from a holder that died.
+pub(crate) fn pid_lock(word: &AtomicU32, pid: u32) -> FabricLock<'_> {
+    let mut spins = 0u32;
+    loop {
+        match word.compare_exchange_weak(0, pid, Ordering::Acquire, Ordering::Relaxed) {
+            Ok(_) => return FabricLock { word, pid },
+            Err(holder) => {
+                spins += 1;
+                if spins % 1024 == 0 && holder != 0 && holder != pid && !pid_alive(holder) {
+                    if word.compare_exchange(holder, pid, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+                        return FabricLock { word, pid };
+                    }
+                } else if spins > 64 {
+                    std::thread::yield_now();
+                }
+            }
+        }
+    }
+}
+
 impl Fabric {
     /// Attaches to fabric `name`, creating it with `size` bytes if it does not exist, and
     /// registers a context slot for this process. Returns the fabric and the context index.
@@ -212,23 +232,7 @@ impl Fabric {
 
     /// Takes the control-path lock, stealing it from a dead holder.
     pub(crate) fn lock(&self) -> FabricLock<'_> {
-        let word = &self.hdr().lock;
-        let mut spins = 0u32;
-        loop {
-            match word.compare_exchange_weak(0, self.pid, Ordering::Acquire, Ordering::Relaxed) {
-                Ok(_) => return FabricLock { word, pid: self.pid },
-                Err(holder) => {
-                    spins += 1;
-                    if spins % 1024 == 0 && holder != 0 && holder != self.pid && !pid_alive(holder) {
-                        if word.compare_exchange(holder, self.pid, Ordering::Acquire, Ordering::Relaxed).is_ok() {
-                            return FabricLock { word, pid: self.pid };
-                        }
-                    } else if spins > 64 {
-                        std::thread::yield_now();
-                    }
-                }
-            }
-        }
+        pid_lock(&self.hdr().lock, self.pid)
     }
 
     /// A pointer to `len` bytes at arena offset `off`, if the whole range is inside the

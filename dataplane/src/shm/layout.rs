@@ -123,6 +123,8 @@ pub(crate) struct SrqSlot {
     /// Armed limit (0 = disarmed).
     pub limit: AtomicU32,
     pub gen: AtomicU32,
+    /// Offset of the tag list (tag-matching SRQs), 0 for plain SRQs.
+    pub tm_off: AtomicU64,
 }
 
 /// A memory region.

@@ -21,6 +21,7 @@ mod qp;
 mod recvq;
 mod ring;
 mod srq;
+mod tm;
 
 pub use cq::ShmCq;
 pub use mr::{ShmMr, ShmPd, ShmRegion};
@@ -123,7 +124,7 @@ fn shm_caps(fabric_size: u64) -> DeviceCaps {
         max_msg_size: 1 << 31,
         max_qp_rd_atom: 16,
         atomics: true,
-        max_num_tags: 0,
+        max_num_tags: tm::MAX_TAGS,
         ip_csum: false,
     }
 }
@@ -225,6 +226,13 @@ impl crate::Pd<Shm> for ShmPd {
 
     fn create_srq(&self, attr: &SrqAttr) -> Result<ShmSrq> {
         ShmSrq::create(&self.inner.ctx, self.inner.pdn, attr)
+    }
+
+    fn create_srq_tm(&self, attr: &SrqAttr, tm: &TmCaps, cq: &ShmCq) -> Result<ShmSrq> {
+        if !Arc::ptr_eq(&cq.shared.ctx.fabric, &self.inner.ctx.fabric) {
+            return Err(Error::new(Errno::EINVAL, "CQ belongs to another fabric"));
+        }
+        ShmSrq::create_tm(&self.inner.ctx, self.inner.pdn, attr, tm, cq.shared.cqn)
     }
 
     fn create_ah(&self, attr: &AhAttr) -> Result<ShmAh> {

@@ -5,8 +5,9 @@ use super::fabric::Fabric;
 use super::layout::*;
 use super::recvq;
 use super::ring::Ring;
+use super::tm::{self, TmView};
 use super::CtxInner;
-use crate::verbs::{Errno, Error, PostError, RecvChain, Result, SrqAttr, SrqAttrMask};
+use crate::verbs::{Errno, Error, OpsChain, PostError, RecvChain, Result, SrqAttr, SrqAttrMask, TmCaps};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -19,6 +20,10 @@ pub(crate) struct SrqShared {
     pub(crate) max_sge: u32,
     ring_off: u64,
     ring_len: u64,
+    /// Tag list of a tag-matching SRQ, with its arena range.
+    pub(crate) tm: Option<(TmView, u64, u64)>,
+    /// `max_ops` of a tag-matching SRQ.
+    tm_max_ops: u32,
 }
 
 impl Drop for SrqShared {
@@ -31,6 +36,9 @@ impl Drop for SrqShared {
         }
         drop(_l);
         f.free(self.ring_off, self.ring_len);
+        if let Some((_, off, len)) = self.tm {
+            f.free(off, len);
+        }
     }
 }
 
@@ -41,6 +49,30 @@ pub struct ShmSrq {
 
 impl ShmSrq {
     pub(crate) fn create(ctx: &Arc<CtxInner>, pd: u32, attr: &SrqAttr) -> Result<ShmSrq> {
+        Self::create_with(ctx, pd, attr, None, 0)
+    }
+
+    /// A tag-matching SRQ whose list operations and tagged receives complete on `cqn`.
+    pub(crate) fn create_tm(ctx: &Arc<CtxInner>, pd: u32, attr: &SrqAttr, tm: &TmCaps, cqn: u32) -> Result<ShmSrq> {
+        if tm.max_num_tags == 0 || tm.max_num_tags > tm::MAX_TAGS {
+            return Err(Error::new(
+                Errno::EINVAL,
+                format!("max_num_tags {} must be 1..={}", tm.max_num_tags, tm::MAX_TAGS),
+            ));
+        }
+        if tm.max_ops == 0 || tm.max_ops > tm::MAX_TM_OPS {
+            return Err(Error::new(Errno::EINVAL, format!("max_ops {} must be 1..={}", tm.max_ops, tm::MAX_TM_OPS)));
+        }
+        Self::create_with(ctx, pd, attr, Some((tm.max_num_tags, cqn)), tm.max_ops)
+    }
+
+    fn create_with(
+        ctx: &Arc<CtxInner>,
+        pd: u32,
+        attr: &SrqAttr,
+        tm: Option<(u32, u32)>,
+        tm_max_ops: u32,
+    ) -> Result<ShmSrq> {
         let caps = ctx.caps;
         if attr.max_wr == 0 || attr.max_wr > caps.max_srq_wr {
             return Err(Error::new(
@@ -66,6 +98,27 @@ impl ShmSrq {
                 return Err(e);
             }
         };
+        let tm = match tm {
+            None => None,
+            Some((max_tags, cqn)) => {
+                let len = tm::bytes(max_tags, attr.max_sge);
+                let off = match f.alloc(len) {
+                    Ok(o) => o,
+                    Err(e) => {
+                        f.free(ring_off, ring_len);
+                        return Err(e);
+                    }
+                };
+                match TmView::init(f, off, max_tags, attr.max_sge, cqn) {
+                    Some(v) => Some((v, off, len)),
+                    None => {
+                        f.free(ring_off, ring_len);
+                        f.free(off, len);
+                        return Err(Error::new(Errno::EFAULT, "tag list outside the fabric arena"));
+                    }
+                }
+            }
+        };
         let l = f.lock();
         let claimed = f.claim_slot(
             MAX_SRQ,
@@ -80,6 +133,9 @@ impl ShmSrq {
             Err(e) => {
                 drop(l);
                 f.free(ring_off, ring_len);
+                if let Some((_, off, len)) = tm {
+                    f.free(off, len);
+                }
                 return Err(e);
             }
         };
@@ -94,6 +150,7 @@ impl ShmSrq {
         // `srq_limit` is "irrelevant for ibv_create_srq" (verbs.h): the limit is armed only by
         // modify_srq with IBV_SRQ_LIMIT.
         s.limit.store(0, Ordering::Relaxed);
+        s.tm_off.store(tm.as_ref().map_or(0, |t| t.1), Ordering::Relaxed);
         s.srqn.store(srqn, Ordering::Release);
         drop(l);
         Ok(ShmSrq {
@@ -106,6 +163,8 @@ impl ShmSrq {
                 max_sge: attr.max_sge,
                 ring_off,
                 ring_len,
+                tm,
+                tm_max_ops,
             }),
         })
     }
@@ -128,6 +187,8 @@ pub(crate) struct SrqView {
     pub idx: usize,
     pub pd: u32,
     pub ring: Ring,
+    /// The tag list of a tag-matching SRQ.
+    pub tm: Option<TmView>,
 }
 
 pub(crate) fn srq_view(f: &Fabric, srqn: u32) -> Option<SrqView> {
@@ -143,7 +204,11 @@ pub(crate) fn srq_view(f: &Fabric, srqn: u32) -> Option<SrqView> {
     let stride = recv_stride(s.max_sge.load(Ordering::Relaxed).min(recvq::MAX_SGE as u32));
     let ring = f.ring(s.ring_off.load(Ordering::Relaxed), cap, stride).ok()?;
     let pd = s.pd.load(Ordering::Relaxed);
-    (s.srqn.load(Ordering::Acquire) == srqn).then_some(SrqView { srqn, idx, pd, ring })
+    let tm = match s.tm_off.load(Ordering::Relaxed) {
+        0 => None,
+        off => Some(TmView::attach(f, off)?),
+    };
+    (s.srqn.load(Ordering::Acquire) == srqn).then_some(SrqView { srqn, idx, pd, ring, tm })
 }
 
 impl SrqView {
@@ -189,6 +254,14 @@ impl crate::provider::Srq for ShmSrq {
             f.srq_slot(self.shared.idx).limit.store(attr.srq_limit, Ordering::Release);
         }
         Ok(())
+    }
+
+    fn post_ops(&mut self, chain: &mut OpsChain) -> std::result::Result<(), PostError> {
+        let sh = &*self.shared;
+        let Some((tm, _, _)) = &sh.tm else {
+            return Err(PostError::new(Errno::EINVAL, 0, "post_srq_ops on an SRQ that is not tag-matching"));
+        };
+        tm::post_ops(&sh.ctx.fabric, tm, sh.pd, sh.tm_max_ops, chain)
     }
 
     fn query(&self) -> Result<SrqAttr> {

@@ -11,6 +11,7 @@ mod error;
 mod opcode;
 mod qp;
 mod srq;
+mod tm;
 mod wc;
 mod wr;
 
@@ -20,6 +21,7 @@ pub use error::{Errno, Error, PostError, Result};
 pub use opcode::{WcOpcode, WrOpcode};
 pub use qp::{ack_timeout_ns, rnr_timer_ns, AhAttr, Endpoint, QpAttr, QpCaps, QpState, QpType};
 pub use srq::{SrqAttr, SrqAttrMask};
+pub use tm::{OpsChain, OpsFlags, OpsOpcode, OpsWr, TmCaps, Tmh, TmhOp, TMH_LEN};
 pub use wc::{WcFlags, WcStatus, WorkCompletion};
 pub use wr::{AhHandle, RecvChain, RecvWr, SendChain, SendFlags, SendWr, Sge, UdDest};
 

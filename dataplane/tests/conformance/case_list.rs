@@ -66,4 +66,12 @@ suite!(ShmHarness;
     sge_zero_based_mr,
     srq_fetched_in_rtr_and_sqd,
     srq_recv_request_reusable_after_post,
+
+    tm_matched_message_lands_headerless,
+    tm_unexpected_lands_whole_and_asks_for_sync,
+    tm_phase_sync_gates_matching,
+    tm_delete_live_and_consumed_tags,
+    tm_list_full_and_ops_limit,
+    tm_bad_handle_and_plain_srq,
+    tm_oldest_entry_matches_first,
 );

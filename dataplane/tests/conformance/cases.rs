@@ -1785,3 +1785,183 @@ pub fn srq_recv_request_reusable_after_post<H: Harness>(t: &str) {
         assert_eq!(s.b.read(RX + i * 64, 8), [i as u8 + 1; 8]);
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// ibv_post_srq_ops(3): tag matching.
+
+struct Tm<H: Harness> {
+    a: Node<H>,
+    b: Node<H>,
+    qa: QpOf<H>,
+    _qb: QpOf<H>,
+    srq: SrqOf<H>,
+}
+
+fn tm_setup<H: Harness>(t: &str, max_num_tags: u32, max_ops: u32) -> Tm<H> {
+    let a = Node::<H>::open(t, 0);
+    let b = Node::<H>::open(t, 1);
+    let srq = b
+        .pd
+        .create_srq_tm(&SrqAttr { max_wr: 16, max_sge: 1, srq_limit: 0 }, &TmCaps { max_num_tags, max_ops }, &b.rcq)
+        .expect("create_srq_tm");
+    let mut qb = b.qp(QpType::Rc, QpCaps::default(), Some(&srq), false);
+    let mut qa = a.qp(QpType::Rc, QpCaps::default(), None, false);
+    connect::<H>(&mut qa, &mut qb, &ConnOpts::default());
+    Tm { a, b, qa, _qb: qb, srq }
+}
+
+impl<H: Harness> Tm<H> {
+    /// Sends a tagged eager message: TMH then `payload`.
+    fn send_tagged(&mut self, wr_id: u64, tag: u64, app_ctx: u32, payload: &[u8]) {
+        let mut msg = Tmh::eager(tag, app_ctx).to_bytes().to_vec();
+        msg.extend_from_slice(payload);
+        self.a.write(0, &msg);
+        send(&mut self.qa, &self.a, wr_id, 0, msg.len() as u32);
+        assert!(poll_n(&mut self.a.scq, 1)[0].is_ok());
+    }
+
+    /// TAG_ADD of a 256-byte buffer at `off`; returns the handle.
+    fn add(&mut self, wr_id: u64, recv_wr_id: u64, tag: u64, mask: u64, off: usize) -> u32 {
+        let mut c = OpsChain::new();
+        c.push(OpsWr::add(wr_id, recv_wr_id, tag, mask).signaled(), &[self.b.sge(off, 256)]);
+        self.srq.post_ops(&mut c).expect("TAG_ADD");
+        let wc = poll_n(&mut self.b.rcq, 1)[0];
+        assert_eq!((wc.status, wc.opcode, wc.wr_id), (WcStatus::Success, WcOpcode::TmAdd, wr_id));
+        c.wrs()[0].handle
+    }
+
+    fn plain(&mut self, wr_id: u64, off: usize) {
+        self.srq.post_recv(&RecvChain::one(wr_id, &[self.b.sge(off, 256)])).expect("post_srq_recv");
+    }
+}
+
+/// ibv_post_srq_ops(3): "Incoming message considered matching if TMH.tag & entry.mask ==
+/// entry.tag"; a matched message lands without its header in the tagged buffer (TM_RECV with
+/// TM_MATCH and TM_DATA_VALID, the TAG_ADD's `recv_wr_id`).
+pub fn tm_matched_message_lands_headerless<H: Harness>(t: &str) {
+    let mut s = tm_setup::<H>(t, 4, 8);
+    s.add(1, 500, 0x1230, 0xfff0, 4096);
+    s.send_tagged(9, 0x1234, 77, b"tagged payload");
+    let wc = poll_n(&mut s.b.rcq, 1)[0];
+    assert_eq!((wc.status, wc.opcode, wc.wr_id, wc.byte_len), (WcStatus::Success, WcOpcode::TmRecv, 500, 14));
+    assert!(wc.wc_flags.contains(WcFlags::TM_MATCH | WcFlags::TM_DATA_VALID), "{:?}", wc.wc_flags);
+    assert_eq!(s.b.read(4096, 14), b"tagged payload");
+}
+
+/// ibv_post_srq_ops(3): a tag that does not match under the entry's mask is not consumed; the
+/// message is unexpected and lands whole (header included) in a plain SRQ buffer, with
+/// IBV_WC_TM_SYNC_REQ "asking for IBV_WR_TAG_SYNC".
+pub fn tm_unexpected_lands_whole_and_asks_for_sync<H: Harness>(t: &str) {
+    let mut s = tm_setup::<H>(t, 4, 8);
+    s.add(1, 500, 0x1230, 0xffff, 4096);
+    s.plain(600, 8192);
+    s.send_tagged(9, 0x9999, 5, b"nobody wants me");
+    let wc = poll_n(&mut s.b.rcq, 1)[0];
+    assert_eq!((wc.status, wc.opcode, wc.wr_id), (WcStatus::Success, WcOpcode::Recv, 600));
+    assert_eq!(wc.byte_len as usize, TMH_LEN + 15);
+    assert!(wc.wc_flags.contains(WcFlags::TM_SYNC_REQ));
+    let head: [u8; TMH_LEN] = s.b.read(8192, TMH_LEN).try_into().unwrap();
+    assert_eq!(Tmh::from_bytes(&head), Some(Tmh::eager(0x9999, 5)));
+    assert_eq!(s.b.read(8192 + TMH_LEN, 15), b"nobody wants me");
+}
+
+/// ibv_post_srq_ops(3) phase synchronisation: after an unexpected message, matching is off
+/// ("coherent only if all unexpected messages received by HW [are] completely processed in
+/// SW") until a TAG_SYNC carries the right `unexpected_cnt`; list-op completions carry
+/// TM_SYNC_REQ meanwhile.
+pub fn tm_phase_sync_gates_matching<H: Harness>(t: &str) {
+    let mut s = tm_setup::<H>(t, 4, 8);
+    s.plain(600, 8192);
+    s.plain(601, 8192 + 512);
+    s.send_tagged(9, 0x42, 0, b"first"); // unexpected #1
+    assert_eq!(poll_n(&mut s.b.rcq, 1)[0].wr_id, 600);
+    // Adding a tag now: the op completes but asks for sync.
+    let mut c = OpsChain::new();
+    c.push(OpsWr::add(2, 700, 0x42, u64::MAX).signaled(), &[s.b.sge(4096, 256)]);
+    s.srq.post_ops(&mut c).unwrap();
+    let add = poll_n(&mut s.b.rcq, 1)[0];
+    assert_eq!((add.opcode, add.status), (WcOpcode::TmAdd, WcStatus::Success));
+    assert!(add.wc_flags.contains(WcFlags::TM_SYNC_REQ), "out of sync: {:?}", add.wc_flags);
+    // Matching is off: the same tag goes unexpected again (#2).
+    s.send_tagged(10, 0x42, 0, b"second");
+    let wc = poll_n(&mut s.b.rcq, 1)[0];
+    assert_eq!((wc.opcode, wc.wr_id), (WcOpcode::Recv, 601));
+    // Software says it handled both; matching resumes.
+    let mut c = OpsChain::new();
+    c.push(OpsWr::sync(3, 2).signaled(), &[]);
+    s.srq.post_ops(&mut c).unwrap();
+    let sync = poll_n(&mut s.b.rcq, 1)[0];
+    assert_eq!((sync.opcode, sync.status), (WcOpcode::TmSync, WcStatus::Success));
+    assert!(!sync.wc_flags.contains(WcFlags::TM_SYNC_REQ));
+    s.send_tagged(11, 0x42, 0, b"third");
+    let wc = poll_n(&mut s.b.rcq, 1)[0];
+    assert_eq!((wc.opcode, wc.wr_id, wc.byte_len), (WcOpcode::TmRecv, 700, 5));
+    assert_eq!(s.b.read(4096, 5), b"third");
+}
+
+/// ibv_post_srq_ops(3): "IBV_WR_TAG_DEL removes previously added tag entry ... Operation may
+/// fail due to concurrent tag consumption - in this case IBV_WC_TM_ERR status will be returned".
+pub fn tm_delete_live_and_consumed_tags<H: Harness>(t: &str) {
+    let mut s = tm_setup::<H>(t, 4, 8);
+    let live = s.add(1, 500, 0x1, u64::MAX, 4096);
+    let eaten = s.add(2, 501, 0x2, u64::MAX, 4096 + 512);
+    s.send_tagged(9, 0x2, 0, b"x");
+    assert_eq!(poll_n(&mut s.b.rcq, 1)[0].wr_id, 501);
+    let mut c = OpsChain::new();
+    c.push(OpsWr::del(3, live).signaled(), &[]);
+    c.push(OpsWr::del(4, eaten).signaled(), &[]);
+    s.srq.post_ops(&mut c).unwrap();
+    let wcs = poll_n(&mut s.b.rcq, 2);
+    assert_eq!((wcs[0].wr_id, wcs[0].opcode, wcs[0].status), (3, WcOpcode::TmDel, WcStatus::Success));
+    assert_eq!((wcs[1].wr_id, wcs[1].opcode, wcs[1].status), (4, WcOpcode::TmDel, WcStatus::TmErr));
+    // The deleted tag no longer matches: a message for it is unexpected.
+    s.plain(600, 8192);
+    s.send_tagged(10, 0x1, 0, b"y");
+    assert_eq!(poll_n(&mut s.b.rcq, 1)[0].opcode, WcOpcode::Recv);
+}
+
+/// ibv_post_srq_ops(3): "Size of tag matching list is limited by max_num_tags" (ENOMEM and
+/// bad_wr at the first add that does not fit) and the list operations of one call by max_ops.
+pub fn tm_list_full_and_ops_limit<H: Harness>(t: &str) {
+    let mut s = tm_setup::<H>(t, 2, 3);
+    let mut c = OpsChain::new();
+    for i in 0..3u64 {
+        c.push(OpsWr::add(i, 100 + i, i, u64::MAX), &[s.b.sge(4096 + 512 * i as usize, 256)]);
+    }
+    let e = s.srq.post_ops(&mut c).unwrap_err();
+    assert_eq!((e.errno, e.bad_wr), (Errno::ENOMEM, 2));
+    // The two that fit were added: their tags match.
+    s.send_tagged(9, 1, 0, b"one");
+    assert_eq!(poll_n(&mut s.b.rcq, 1)[0].wr_id, 101);
+    let mut c = OpsChain::new();
+    for i in 0..4u64 {
+        c.push(OpsWr::sync(i, 0), &[]);
+    }
+    let e = s.srq.post_ops(&mut c).unwrap_err();
+    assert_eq!((e.errno, e.bad_wr), (Errno::ENOMEM, 3), "max_ops = 3");
+}
+
+/// ibv_post_srq_ops(3): the handle of a TAG_DEL must be one TAG_ADD returned (EINVAL
+/// otherwise); ops on a plain SRQ are EINVAL.
+pub fn tm_bad_handle_and_plain_srq<H: Harness>(t: &str) {
+    let mut s = tm_setup::<H>(t, 2, 4);
+    let mut c = OpsChain::new();
+    c.push(OpsWr::del(1, 0xffff), &[]);
+    assert_eq!(s.srq.post_ops(&mut c).unwrap_err().errno, Errno::EINVAL);
+    let mut plain = s.b.pd.create_srq(&SrqAttr { max_wr: 4, max_sge: 1, srq_limit: 0 }).unwrap();
+    let mut c = OpsChain::new();
+    c.push(OpsWr::sync(1, 0), &[]);
+    assert!(plain.post_ops(&mut c).is_err());
+}
+
+/// Tag matching consumes the oldest matching entry first.
+pub fn tm_oldest_entry_matches_first<H: Harness>(t: &str) {
+    let mut s = tm_setup::<H>(t, 4, 8);
+    s.add(1, 500, 0x10, 0xf0, 4096);
+    s.add(2, 501, 0x10, 0xf0, 4096 + 512);
+    s.send_tagged(9, 0x15, 0, b"a");
+    s.send_tagged(10, 0x16, 0, b"b");
+    let wcs = poll_n(&mut s.b.rcq, 2);
+    assert_eq!((wcs[0].wr_id, wcs[1].wr_id), (500, 501));
+    assert_eq!((s.b.read(4096, 1), s.b.read(4096 + 512, 1)), (b"a".to_vec(), b"b".to_vec()));
+}
