@@ -5,6 +5,7 @@
 //! Every case runs on `shm` here; the `rdma` provider instantiates the same cases inside the
 //! Soft-RoCE VM.
 
+mod atomics_two_process;
 mod cases;
 mod harness;
 mod shm_only;
