@@ -134,6 +134,15 @@ pub trait Cq {
     fn poll(&mut self, wc: &mut [WorkCompletion]) -> Result<usize>;
     /// Number of entries.
     fn depth(&self) -> u32;
+    /// `ibv_req_notify_cq`: arm the CQ to signal its completion channel once, on the next
+    /// completion (or, with `solicited_only`, the next one from a message sent with
+    /// `IBV_SEND_SOLICITED` or an unsuccessful one). Re-arm after each event, then poll once
+    /// more to catch completions that raced the arming. Errors: `EOPNOTSUPP` where the provider
+    /// has no completion events.
+    fn req_notify(&mut self, solicited_only: bool) -> Result<()> {
+        let _ = solicited_only;
+        Err(crate::verbs::Error::new(crate::verbs::Errno::EOPNOTSUPP, "completion events not supported"))
+    }
 }
 
 /// A queue pair.

@@ -17,6 +17,8 @@ pub(crate) struct Cqe {
     pub wc: WorkCompletion,
     /// `Some(i)`: this completes send WQE `i` of `wc.qp_num`, retiring it and all before it.
     pub retire: Option<u32>,
+    /// The message had IBV_SEND_SOLICITED (decides solicited-only notification; not stored).
+    pub solicited: bool,
 }
 
 const _: () = assert!(CQE_STRIDE - 8 >= 48);
@@ -66,7 +68,7 @@ impl Cqe {
                 vendor_err: (p.add(40) as *const u32).read_unaligned(),
             };
             let retire = (p.add(44).read() != 0).then(|| (p.add(24) as *const u32).read_unaligned());
-            Cqe { wc, retire }
+            Cqe { wc, retire, solicited: false }
         }
     }
 }
@@ -83,6 +85,8 @@ pub(crate) struct CqShared {
     pub(crate) pending_qps: AtomicU32,
     /// Send queues that report into this CQ, for progress in `poll`.
     pub(crate) sqs: Mutex<Vec<Weak<SqCell>>>,
+    /// Keeps the completion channel alive while the CQ may signal it.
+    _channel: Option<Arc<super::channel::ChannelInner>>,
 }
 
 impl CqShared {
@@ -107,7 +111,21 @@ impl Drop for CqShared {
 /// Pushes a CQE into the CQ `cqn` of the fabric (any process). A full CQ is an overrun: the CQ
 /// enters error and its owner gets `IBV_EVENT_CQ_ERR`.
 pub(crate) fn push_cqe(f: &Fabric, ring: &Ring, cqn: u32, cqe: &Cqe) {
-    if !ring.push(|p| cqe.write(p)) {
+    if ring.push(|p| cqe.write(p)) {
+        let idx = key_index(cqn, CQ_IDX_BITS);
+        // Only a CQ with a completion channel can signal: busy-polled CQs (no channel) skip
+        // the fence below.
+        if idx < MAX_CQ && f.cq_slot(idx).chan_off.load(Ordering::Relaxed) != 0 {
+            // Pairs with the fence in `req_notify`: either the poller's re-poll sees this CQE
+            // or we see its arming.
+            std::sync::atomic::fence(Ordering::SeqCst);
+            let s = f.cq_slot(idx);
+            let armed = s.armed.load(Ordering::Relaxed);
+            if armed != 0 && (armed == ARM_NEXT || cqe.solicited || cqe.wc.status != WcStatus::Success) {
+                notify(f, s, cqn);
+            }
+        }
+    } else {
         let idx = key_index(cqn, CQ_IDX_BITS);
         if idx < MAX_CQ {
             let s = f.cq_slot(idx);
@@ -115,6 +133,20 @@ pub(crate) fn push_cqe(f: &Fabric, ring: &Ring, cqn: u32, cqe: &Cqe) {
                 f.post_event(s.ctx.load(Ordering::Relaxed) as usize, super::EVENT_CQ_ERR, cqn);
             }
         }
+    }
+}
+
+/// Arming values of `CqSlot::armed`.
+pub(crate) const ARM_NEXT: u32 = 1;
+pub(crate) const ARM_SOLICITED: u32 = 2;
+
+#[cold]
+fn notify(f: &Fabric, s: &CqSlot, cqn: u32) {
+    if s.armed.swap(0, Ordering::AcqRel) == 0 || s.cqn.load(Ordering::Acquire) != cqn {
+        return;
+    }
+    if let Some(ch) = super::channel::ChannelView::attach(f, s.chan_off.load(Ordering::Relaxed)) {
+        ch.signal(cqn);
     }
 }
 
@@ -140,6 +172,14 @@ pub struct ShmCq {
 
 impl ShmCq {
     pub(crate) fn create(ctx: &Arc<CtxInner>, cqe: u32) -> Result<ShmCq> {
+        Self::create_with(ctx, cqe, None)
+    }
+
+    pub(crate) fn create_with(
+        ctx: &Arc<CtxInner>,
+        cqe: u32,
+        channel: Option<&super::channel::ShmCompChannel>,
+    ) -> Result<ShmCq> {
         let max = ctx.caps.max_cqe;
         if cqe == 0 || cqe > max {
             return Err(Error::new(Errno::EINVAL, format!("CQ size {cqe} must be 1..={max}")));
@@ -179,6 +219,8 @@ impl ShmCq {
         s.cap.store(cap as u32, Ordering::Relaxed);
         s.ring_off.store(ring_off, Ordering::Relaxed);
         s.overrun.store(0, Ordering::Relaxed);
+        s.armed.store(0, Ordering::Relaxed);
+        s.chan_off.store(channel.map_or(0, |c| c.inner.off), Ordering::Relaxed);
         s.cqn.store(cqn, Ordering::Release);
         drop(l);
         Ok(ShmCq {
@@ -191,6 +233,7 @@ impl ShmCq {
                 ring_len,
                 pending_qps: AtomicU32::new(0),
                 sqs: Mutex::new(Vec::new()),
+                _channel: channel.map(|c| c.inner.clone()),
             }),
         })
     }
@@ -254,5 +297,13 @@ impl crate::provider::Cq for ShmCq {
 
     fn depth(&self) -> u32 {
         self.shared.ring.capacity() as u32
+    }
+
+    fn req_notify(&mut self, solicited_only: bool) -> Result<()> {
+        let s = self.shared.fabric().cq_slot(self.shared.idx);
+        s.armed.store(if solicited_only { ARM_SOLICITED } else { ARM_NEXT }, Ordering::Relaxed);
+        // Pairs with the fence in `push_cqe` (see there).
+        std::sync::atomic::fence(Ordering::SeqCst);
+        Ok(())
     }
 }

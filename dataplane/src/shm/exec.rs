@@ -195,8 +195,8 @@ fn take_recv(f: &Fabric, d: &DestView, rx: &mut RecvEntry) -> bool {
     }
 }
 
-fn push_recv_wc(f: &Fabric, d: &DestView, wc: WorkCompletion) {
-    push_cqe(f, &d.cq, d.cqn, &Cqe { wc, retire: None });
+fn push_recv_wc(f: &Fabric, d: &DestView, wc: WorkCompletion, solicited: bool) {
+    push_cqe(f, &d.cq, d.cqn, &Cqe { wc, retire: None, solicited });
 }
 
 /// The global identifier of `lid` on fabric `fabric_id` (fe80::/64, fabric id, lid).
@@ -230,7 +230,7 @@ fn deliver(
     let mut tm_flags = WcFlags::empty();
     let mut tm_view = None;
     if let Some(tm) = d.srq.and_then(|s| s.tm).filter(|_| place_data) {
-        match tm_match(f, st, rx, d, &tm, src, total) {
+        match tm_match(f, st, rx, d, &tm, src, total, wr.flags.contains(SendFlags::SOLICITED)) {
             TmOutcome::Matched => return Outcome::Done(WcStatus::Success, 0),
             TmOutcome::Unexpected => {
                 tm_flags = WcFlags::TM_SYNC_REQ;
@@ -282,13 +282,13 @@ fn deliver(
     };
     match status {
         Ok(()) => {
-            push_recv_wc(f, d, wc);
+            push_recv_wc(f, d, wc, wr.flags.contains(SendFlags::SOLICITED));
             Outcome::Done(WcStatus::Success, 0)
         }
         Err((local, remote)) => {
             wc.status = local;
             wc.byte_len = 0;
-            push_recv_wc(f, d, wc);
+            push_recv_wc(f, d, wc, wr.flags.contains(SendFlags::SOLICITED));
             if d.qp_type != QpType::Ud {
                 to_error(f, d.idx, d.qpn);
             }
@@ -346,6 +346,7 @@ fn tm_match(
     tm: &super::tm::TmView,
     src: &[Seg],
     total: u64,
+    solicited: bool,
 ) -> TmOutcome {
     if total < TMH_LEN as u64 {
         return TmOutcome::NoTag;
@@ -384,7 +385,7 @@ fn tm_match(
             wc.wc_flags |= WcFlags::TM_DATA_VALID;
         }
     }
-    push_recv_wc(f, d, wc);
+    push_recv_wc(f, d, wc, solicited);
     TmOutcome::Matched
 }
 

@@ -108,6 +108,11 @@ pub(crate) struct CqSlot {
     /// Set when a producer found the CQ full: the CQ is in error.
     pub overrun: AtomicU32,
     pub gen: AtomicU32,
+    /// `req_notify_cq` arming: 0 none, 1 next completion, 2 next solicited (or error) one.
+    pub armed: AtomicU32,
+    pub _pad: u32,
+    /// Offset of the completion channel (0: none).
+    pub chan_off: AtomicU64,
 }
 
 /// An SRQ.

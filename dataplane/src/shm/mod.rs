@@ -12,6 +12,7 @@
 //! trust rules are in `layout.rs` and `ring.rs`; the design is explained in
 //! docs/shm-provider.md.
 
+mod channel;
 mod cq;
 mod exec;
 mod fabric;
@@ -23,6 +24,7 @@ mod ring;
 mod srq;
 mod tm;
 
+pub use channel::ShmCompChannel;
 pub use cq::ShmCq;
 pub use mr::{ShmMr, ShmPd, ShmRegion};
 pub use qp::ShmQp;
@@ -104,6 +106,19 @@ impl ShmContext {
     /// Bytes of the fabric's mapping.
     pub fn fabric_size(&self) -> u64 {
         self.inner.fabric.size()
+    }
+
+    /// `ibv_create_comp_channel`: a channel armed CQs signal and threads can wait on.
+    pub fn create_comp_channel(&self) -> Result<ShmCompChannel> {
+        ShmCompChannel::create(&self.inner)
+    }
+
+    /// `ibv_create_cq` with a completion channel: after `req_notify`, the CQ signals `channel`.
+    pub fn create_cq_with_channel(&self, cqe: u32, channel: &ShmCompChannel) -> Result<ShmCq> {
+        if !Arc::ptr_eq(&channel.inner_ctx().fabric, &self.inner.fabric) {
+            return Err(Error::new(Errno::EINVAL, "channel belongs to another fabric"));
+        }
+        ShmCq::create_with(&self.inner, cqe, Some(channel))
     }
 }
 

@@ -163,6 +163,7 @@ impl SqState {
                 ..Default::default()
             },
             retire: Some(wqe),
+            solicited: false,
         };
         push_cqe(self.fabric(), &self.send_cq.ring, self.send_cq.cqn, &cqe);
     }
@@ -282,7 +283,7 @@ fn flush_rq(f: &Fabric, s: &QpSlot, qpn: u32) {
             qp_num: qpn,
             ..Default::default()
         };
-        push_cqe(f, &cq, cqn, &Cqe { wc, retire: None });
+        push_cqe(f, &cq, cqn, &Cqe { wc, retire: None, solicited: false });
     }
 }
 
