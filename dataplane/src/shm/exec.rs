@@ -176,7 +176,7 @@ fn copy_sg(src: &[Seg], dst: &[Seg], skip: usize) {
 fn resolve_recv(f: &Fabric, pd: u32, rx: &RecvEntry, out: &mut [Seg; MAX_SGE]) -> Option<(usize, u64)> {
     let mut cap = 0u64;
     for (s, o) in rx.sges[..rx.n].iter().zip(out.iter_mut()) {
-        let mr = mr_lookup(f, s.lkey)?;
+        let mr = mr_lookup(f, s.lkey).filter(|m| !m.window)?;
         if mr.pd != pd || !mr.access.contains(AccessFlags::LOCAL_WRITE) {
             return None;
         }
@@ -253,6 +253,9 @@ fn deliver(
     if wr.opcode.has_imm() {
         wc.imm_data = wr.imm_data;
         wc.wc_flags |= WcFlags::WITH_IMM;
+    } else if wr.opcode == WrOpcode::SendWithInv {
+        wc.imm_data = wr.imm_data;
+        wc.wc_flags |= WcFlags::WITH_INV;
     }
     if let Some(tm) = tm_view {
         tm.count_unexpected(f);
@@ -404,6 +407,19 @@ fn exec_wr(f: &Fabric, st: &mut SqState, wr: &SendWr, src: &[Seg], total: u64) -
     if st.qp_type == QpType::Ud {
         return exec_ud(f, st, wr, src, total);
     }
+    // Memory-management operations run on the local "NIC" only.
+    match wr.opcode {
+        WrOpcode::LocalInv => {
+            let ok = super::mr::invalidate(f, st.pd, wr.imm_data);
+            return Outcome::Done(if ok { WcStatus::Success } else { WcStatus::MwBindErr }, 0);
+        }
+        WrOpcode::BindMw => {
+            let b = wr.bind_info();
+            let ok = super::mr::bind_mw(f, st.pd, &b);
+            return Outcome::Done(if ok { WcStatus::Success } else { WcStatus::MwBindErr }, 0);
+        }
+        _ => {}
+    }
     let Some(d) = dest(f, st, st.dest_qpn) else { return lost };
     let ds = f.qp_slot(d.idx);
     let state = QpState::from_u8(ds.state.load(Ordering::Acquire) as u8).unwrap_or(QpState::Error);
@@ -414,6 +430,18 @@ fn exec_wr(f: &Fabric, st: &mut SqState, wr: &SendWr, src: &[Seg], total: u64) -
     match wr.opcode {
         WrOpcode::Send | WrOpcode::SendWithImm => {
             deliver(f, Sender::of(st), &mut st.rx, &d, wr, src, total, None, true)
+        }
+        WrOpcode::SendWithInv => {
+            // The rkey must name a window of the responder's PD, else the responder rejects
+            // the request before placing anything.
+            if !mr_lookup(f, wr.imm_data).is_some_and(|m| m.window && m.pd == d.pd) {
+                return fail(WcStatus::RemInvReqErr);
+            }
+            let out = deliver(f, Sender::of(st), &mut st.rx, &d, wr, src, total, None, true);
+            if matches!(out, Outcome::Done(WcStatus::Success, _)) {
+                super::mr::invalidate(f, d.pd, wr.imm_data);
+            }
+            out
         }
         WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm => {
             let Some(mr) = remote_mr(f, &d, wr, AccessFlags::REMOTE_WRITE) else { return fail(WcStatus::RemAccessErr) };
@@ -508,8 +536,8 @@ fn prepare(
     if !op.allowed_on(st.qp_type) {
         return Err(PostError::new(Errno::EINVAL, i, "opcode not allowed on this QP type (ibv_post_send(3) table)"));
     }
-    if matches!(op, WrOpcode::LocalInv | WrOpcode::BindMw | WrOpcode::SendWithInv | WrOpcode::Tso) {
-        return Err(PostError::new(Errno::EOPNOTSUPP, i, "opcode not supported by the shm provider yet"));
+    if op == WrOpcode::Tso {
+        return Err(PostError::new(Errno::EOPNOTSUPP, i, "TSO is not supported by the shm provider"));
     }
     if wr.flags.contains(SendFlags::IP_CSUM) {
         return Err(PostError::new(Errno::EINVAL, i, "IBV_SEND_IP_CSUM: the device has no checksum offload"));

@@ -32,7 +32,6 @@ pub(crate) const EVENT_RING_CAP: usize = 256;
 pub(crate) const QP_IDX_BITS: u32 = 10;
 pub(crate) const CQ_IDX_BITS: u32 = 10;
 pub(crate) const SRQ_IDX_BITS: u32 = 8;
-pub(crate) const MR_IDX_BITS: u32 = 12;
 
 /// A free range of the arena.
 #[repr(C)]
@@ -145,6 +144,19 @@ pub(crate) struct MrSlot {
     pub off: AtomicU64,
     pub len: AtomicU64,
     pub gen: AtomicU32,
+    /// 0: a registered MR; 1: a type-2 memory window (rkey only, bound by BIND_MW).
+    pub kind: AtomicU32,
+}
+
+/// MR and MW keys: generation (12 bits), slot index (12 bits), and the low 8 "key" bits that
+/// consumers may change when rebinding a window (`ibv_inc_rkey`).
+pub(crate) fn mr_key(gen: u32, idx: usize, key8: u8) -> u32 {
+    ((gen - 1) % 0xfff + 1) << 20 | (idx as u32) << 8 | key8 as u32
+}
+
+/// The slot index of an MR/MW key.
+pub(crate) fn mr_key_index(key: u32) -> usize {
+    ((key >> 8) & 0xfff) as usize
 }
 
 /// A receive request in an RQ/SRQ ring: `wr_id`, SGE count, then SGEs as (addr, length, lkey).

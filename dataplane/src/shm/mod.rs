@@ -26,7 +26,7 @@ mod tm;
 
 pub use channel::ShmCompChannel;
 pub use cq::ShmCq;
-pub use mr::{ShmMr, ShmPd, ShmRegion};
+pub use mr::{ShmMr, ShmMw, ShmPd, ShmRegion};
 pub use qp::ShmQp;
 pub use srq::ShmSrq;
 
@@ -265,6 +265,13 @@ impl crate::Pd<Shm> for ShmPd {
             h |= exec::AH_GLOBAL;
         }
         Ok(ShmAh { handle: AhHandle(h) })
+    }
+}
+
+impl ShmPd {
+    /// `ibv_alloc_mw(IBV_MW_TYPE_2)`: a memory window, bound with a BIND_MW work request.
+    pub fn alloc_mw(&self) -> Result<ShmMw> {
+        ShmMw::alloc(&self.inner)
     }
 }
 

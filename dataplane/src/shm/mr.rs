@@ -122,8 +122,9 @@ impl ShmMr {
             },
             "MR",
         )?;
-        let key = make_key(gen, idx, MR_IDX_BITS);
+        let key = mr_key(gen, idx, 0);
         let s = f.mr_slot(idx);
+        s.kind.store(KIND_MR, Ordering::Relaxed);
         s.pd.store(pd.pdn, Ordering::Relaxed);
         s.ctx.store(pd.ctx.idx as u32, Ordering::Relaxed);
         s.access.store(access.bits(), Ordering::Relaxed);
@@ -169,12 +170,18 @@ pub(crate) struct MrView {
     va: u64,
     off: u64,
     len: u64,
+    /// A memory window: usable as an rkey, never as an lkey.
+    pub window: bool,
+    idx: usize,
 }
+
+pub(crate) const KIND_MR: u32 = 0;
+pub(crate) const KIND_MW: u32 = 1;
 
 /// Looks up key `key` (an lkey or rkey). `None` for unknown or stale keys.
 #[inline]
 pub(crate) fn mr_lookup(f: &Fabric, key: u32) -> Option<MrView> {
-    let idx = key_index(key, MR_IDX_BITS);
+    let idx = mr_key_index(key);
     if key == 0 || idx >= MAX_MR {
         return None;
     }
@@ -188,6 +195,8 @@ pub(crate) fn mr_lookup(f: &Fabric, key: u32) -> Option<MrView> {
         va: s.va.load(Ordering::Relaxed),
         off: s.off.load(Ordering::Relaxed),
         len: s.len.load(Ordering::Relaxed),
+        window: s.kind.load(Ordering::Relaxed) == KIND_MW,
+        idx,
     };
     fence(Ordering::Acquire);
     (s.key.load(Ordering::Relaxed) == key).then_some(v)
@@ -213,4 +222,107 @@ impl MrView {
         }
         Some(self.off + rel)
     }
+}
+
+/// A type-2 memory window of the `shm` provider: an rkey onto part of an MR, bound and
+/// invalidated through the send queue (BIND_MW, LOCAL_INV, SEND_WITH_INV).
+pub struct ShmMw {
+    pd: Arc<PdInner>,
+    idx: usize,
+}
+
+impl ShmMw {
+    pub(crate) fn alloc(pd: &Arc<PdInner>) -> Result<ShmMw> {
+        let f = &pd.ctx.fabric;
+        let _l = f.lock();
+        let (idx, gen) = f.claim_slot(
+            MAX_MR,
+            |i| {
+                let s = f.mr_slot(i);
+                let ctx = s.ctx.load(Ordering::Relaxed) as usize;
+                let pid = if ctx < MAX_CTX { f.ctx_slot(ctx).pid.load(Ordering::Relaxed) } else { 0 };
+                (&s.key, &s.gen, pid)
+            },
+            "MR/MW",
+        )?;
+        let s = f.mr_slot(idx);
+        s.kind.store(KIND_MW, Ordering::Relaxed);
+        s.pd.store(pd.pdn, Ordering::Relaxed);
+        s.ctx.store(pd.ctx.idx as u32, Ordering::Relaxed);
+        s.access.store(0, Ordering::Relaxed);
+        s.len.store(0, Ordering::Relaxed);
+        s.key.store(mr_key(gen, idx, 0), Ordering::Release);
+        Ok(ShmMw { pd: pd.clone(), idx })
+    }
+
+    /// The window's current rkey (its low 8 bits change with each bind the consumer chooses).
+    pub fn rkey(&self) -> u32 {
+        self.pd.ctx.fabric.mr_slot(self.idx).key.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for ShmMw {
+    fn drop(&mut self) {
+        let f = &self.pd.ctx.fabric;
+        let _l = f.lock();
+        let s = f.mr_slot(self.idx);
+        if s.kind.load(Ordering::Relaxed) == KIND_MW && s.pd.load(Ordering::Relaxed) == self.pd.pdn {
+            s.key.store(0, Ordering::Release);
+        }
+    }
+}
+
+/// Binds window `mw_rkey` (in PD `pd`) to `[addr, addr+len)` of MR `mr_lkey` with `access`,
+/// giving it rkey `new_rkey`. Returns false on any violation (IBV_WC_MW_BIND_ERR).
+pub(crate) fn bind_mw(f: &Fabric, pd: u32, b: &crate::verbs::MwBindInfo) -> bool {
+    let (mw_rkey, new_rkey, mr_lkey, addr, len, access) =
+        (b.mw_rkey, b.new_rkey, b.mr_lkey, b.addr, b.length, b.access);
+    let Some(mw) = mr_lookup(f, mw_rkey) else { return false };
+    let Some(mr) = mr_lookup(f, mr_lkey) else { return false };
+    if !mw.window || mr.window || mw.pd != pd || mr.pd != pd || mr_key_index(new_rkey) != mw.idx || new_rkey == 0 {
+        return false;
+    }
+    if !mr.access.contains(AccessFlags::MW_BIND) || mr.fabric_offset(addr, len).is_none() {
+        return false;
+    }
+    if access.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
+        && !mr.access.contains(AccessFlags::LOCAL_WRITE)
+    {
+        return false;
+    }
+    let off = mr.fabric_offset(addr, len).unwrap_or(0);
+    let s = f.mr_slot(mw.idx);
+    let _l = f.lock();
+    if s.key.load(Ordering::Relaxed) != mw_rkey {
+        return false;
+    }
+    // Unpublish, rewrite, publish under the new key (readers re-check the key).
+    s.key.store(0, Ordering::Relaxed);
+    fence(Ordering::Release);
+    s.va.store(addr, Ordering::Relaxed);
+    s.off.store(off, Ordering::Relaxed);
+    s.len.store(len, Ordering::Relaxed);
+    s.access.store(
+        (access & (AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)).bits(),
+        Ordering::Relaxed,
+    );
+    s.key.store(new_rkey, Ordering::Release);
+    true
+}
+
+/// Invalidates window `rkey` of PD `pd` (LOCAL_INV, SEND_WITH_INV): it keeps its key but grants
+/// nothing until bound again. False if `rkey` is not a valid window of `pd`.
+pub(crate) fn invalidate(f: &Fabric, pd: u32, rkey: u32) -> bool {
+    let Some(mw) = mr_lookup(f, rkey) else { return false };
+    if !mw.window || mw.pd != pd {
+        return false;
+    }
+    let s = f.mr_slot(mw.idx);
+    let _l = f.lock();
+    if s.key.load(Ordering::Relaxed) != rkey {
+        return false;
+    }
+    s.len.store(0, Ordering::Release);
+    s.access.store(0, Ordering::Release);
+    true
 }

@@ -671,7 +671,7 @@ pub(crate) fn resolve_local(
 ) -> std::result::Result<(usize, u64), &'static str> {
     let mut total = 0u64;
     for (k, s) in sges.iter().enumerate() {
-        let Some(mr) = mr_lookup(f, s.lkey) else { return Err("unknown lkey") };
+        let Some(mr) = mr_lookup(f, s.lkey).filter(|m| !m.window) else { return Err("unknown lkey") };
         if mr.pd != pd {
             return Err("lkey belongs to another protection domain");
         }

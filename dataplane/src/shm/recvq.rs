@@ -40,7 +40,7 @@ pub(crate) fn validate(f: &Fabric, pd: u32, max_sge: u32, sges: &[Sge], i: usize
         return Err(PostError::new(Errno::EINVAL, i, "more SGEs than the queue's max_sge"));
     }
     for s in sges {
-        let Some(mr) = mr_lookup(f, s.lkey) else {
+        let Some(mr) = mr_lookup(f, s.lkey).filter(|m| !m.window) else {
             return Err(PostError::new(Errno::EINVAL, i, "unknown lkey"));
         };
         if mr.pd != pd {

@@ -23,7 +23,7 @@ pub use qp::{ack_timeout_ns, rnr_timer_ns, AhAttr, Endpoint, QpAttr, QpCaps, QpS
 pub use srq::{SrqAttr, SrqAttrMask};
 pub use tm::{OpsChain, OpsFlags, OpsOpcode, OpsWr, TmCaps, Tmh, TmhOp, TMH_LEN};
 pub use wc::{WcFlags, WcStatus, WorkCompletion};
-pub use wr::{AhHandle, RecvChain, RecvWr, SendChain, SendFlags, SendWr, Sge, UdDest};
+pub use wr::{inc_rkey, AhHandle, MwBind, MwBindInfo, RecvChain, RecvWr, SendChain, SendFlags, SendWr, Sge, UdDest};
 
 /// Size of the Global Routing Header area at the start of every UD receive buffer.
 pub const GRH_LEN: usize = 40;

@@ -62,6 +62,43 @@ pub struct UdDest {
     pub remote_qkey: u32,
 }
 
+/// What a BIND_MW binds (`struct ibv_mw_bind_info` plus the new rkey).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MwBind {
+    /// The rkey the window gets: the same window with new low 8 bits ([`inc_rkey`]).
+    pub new_rkey: u32,
+    /// The MR the window opens onto (registered with MW_BIND).
+    pub mr_lkey: u32,
+    /// First byte of the window.
+    pub addr: u64,
+    /// Bytes of the window.
+    pub length: u64,
+    /// Remote rights granted (REMOTE_READ / REMOTE_WRITE / REMOTE_ATOMIC).
+    pub access: super::AccessFlags,
+}
+
+/// A BIND_MW request's fields, as read back from a [`SendWr`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MwBindInfo {
+    /// The window's rkey before the bind.
+    pub mw_rkey: u32,
+    /// The rkey after the bind.
+    pub new_rkey: u32,
+    /// The MR.
+    pub mr_lkey: u32,
+    /// First byte.
+    pub addr: u64,
+    /// Bytes.
+    pub length: u64,
+    /// Rights.
+    pub access: super::AccessFlags,
+}
+
+/// `ibv_inc_rkey`: the same window with the next value of the consumer-owned low 8 bits.
+pub fn inc_rkey(rkey: u32) -> u32 {
+    (rkey & !0xff) | (rkey.wrapping_add(1) & 0xff)
+}
+
 /// A send work request (`struct ibv_send_wr` without `next` and `sg_list`: the chain holds
 /// those).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -131,6 +168,43 @@ impl SendWr {
             compare_add: compare,
             swap,
             ..Default::default()
+        }
+    }
+
+    /// A SEND_WITH_INV that invalidates the target's memory window `rkey` on arrival.
+    pub fn send_with_inv(wr_id: u64, rkey: u32) -> SendWr {
+        SendWr { wr_id, opcode: WrOpcode::SendWithInv, imm_data: rkey, ..Default::default() }
+    }
+
+    /// A LOCAL_INV of the local memory window `rkey`.
+    pub fn local_inv(wr_id: u64, rkey: u32) -> SendWr {
+        SendWr { wr_id, opcode: WrOpcode::LocalInv, imm_data: rkey, ..Default::default() }
+    }
+
+    /// A BIND_MW of type-2 window `mw_rkey` (see [`MwBind`]). The bind fields travel in the
+    /// request's remote-op fields; read them back with [`SendWr::bind_info`].
+    pub fn bind_mw(wr_id: u64, mw_rkey: u32, b: MwBind) -> SendWr {
+        SendWr {
+            wr_id,
+            opcode: WrOpcode::BindMw,
+            imm_data: mw_rkey,
+            rkey: b.new_rkey,
+            remote_addr: b.addr,
+            compare_add: b.length,
+            swap: (b.mr_lkey as u64) << 32 | b.access.bits() as u64,
+            ..Default::default()
+        }
+    }
+
+    /// The bind information of a BIND_MW request.
+    pub fn bind_info(&self) -> MwBindInfo {
+        MwBindInfo {
+            mw_rkey: self.imm_data,
+            new_rkey: self.rkey,
+            mr_lkey: (self.swap >> 32) as u32,
+            addr: self.remote_addr,
+            length: self.compare_add,
+            access: super::AccessFlags::from_bits_truncate(self.swap as u32),
         }
     }
 

@@ -154,3 +154,155 @@ mod channels {
         });
     }
 }
+
+mod windows {
+    use crate::harness::*;
+    use crate::ShmHarness;
+    use dataplane::verbs::*;
+    use dataplane::{Mr, Qp};
+
+    type H = ShmHarness;
+
+    const ALL: AccessFlags = AccessFlags::LOCAL_WRITE
+        .union(AccessFlags::REMOTE_WRITE)
+        .union(AccessFlags::REMOTE_READ)
+        .union(AccessFlags::MW_BIND);
+
+    fn post_one(qp: &mut QpOf<H>, wr: SendWr, sges: &[Sge]) {
+        qp.post_send(&SendChain::one(wr.signaled(), sges)).expect("post");
+    }
+
+    /// BIND_MW opens a window onto part of an MR under a new rkey: a remote WRITE inside it
+    /// lands; one outside it is a remote access error; the MR's own rkey is unaffected.
+    #[test]
+    fn bind_mw_grants_exactly_the_window() {
+        let mut a = Node::<H>::open_with("mw-bind", 0, ALL);
+        let mut b = Node::<H>::open_with("mw-bind", 1, ALL);
+        let (mut qa, mut qb) =
+            (a.qp(QpType::Rc, QpCaps::default(), None, false), b.qp(QpType::Rc, QpCaps::default(), None, false));
+        connect::<H>(&mut qa, &mut qb, &ConnOpts::default());
+        let mw = b.pd.alloc_mw().unwrap();
+        let new = inc_rkey(mw.rkey());
+        let bind = MwBind {
+            new_rkey: new,
+            mr_lkey: b.mr.lkey(),
+            addr: b.addr(8192),
+            length: 64,
+            access: AccessFlags::REMOTE_WRITE,
+        };
+        post_one(&mut qb, SendWr::bind_mw(1, mw.rkey(), bind), &[]);
+        let wc = poll_n(&mut b.scq, 1)[0];
+        assert_eq!((wc.status, wc.opcode), (WcStatus::Success, WcOpcode::BindMw));
+        assert_eq!(mw.rkey(), new);
+        a.write(0, b"through the window");
+        post_one(&mut qa, SendWr::write(2, b.addr(8192), new), &[a.sge(0, 18)]);
+        assert!(poll_n(&mut a.scq, 1)[0].is_ok());
+        assert_eq!(b.read(8192, 18), b"through the window");
+    }
+
+    /// A write past the window's end fails with REM_ACCESS_ERR and changes nothing.
+    #[test]
+    fn window_bounds_are_enforced() {
+        let mut a = Node::<H>::open_with("mw-bounds", 0, ALL);
+        let mut b = Node::<H>::open_with("mw-bounds", 1, ALL);
+        let (mut qa, mut qb) =
+            (a.qp(QpType::Rc, QpCaps::default(), None, false), b.qp(QpType::Rc, QpCaps::default(), None, false));
+        connect::<H>(&mut qa, &mut qb, &ConnOpts::default());
+        let mw = b.pd.alloc_mw().unwrap();
+        let new = inc_rkey(mw.rkey());
+        let bind = MwBind {
+            new_rkey: new,
+            mr_lkey: b.mr.lkey(),
+            addr: b.addr(8192),
+            length: 64,
+            access: AccessFlags::REMOTE_WRITE,
+        };
+        post_one(&mut qb, SendWr::bind_mw(1, mw.rkey(), bind), &[]);
+        assert!(poll_n(&mut b.scq, 1)[0].is_ok());
+        b.write(8192 + 64, &[0xee; 8]);
+        post_one(&mut qa, SendWr::write(2, b.addr(8192 + 60), new), &[a.sge(0, 8)]);
+        assert_eq!(poll_n(&mut a.scq, 1)[0].status, WcStatus::RemAccessErr);
+        assert_eq!(b.read(8192 + 64, 8), vec![0xee; 8]);
+    }
+
+    /// LOCAL_INV revokes a window; SEND_WITH_INV revokes the target's window on arrival and the
+    /// receiver's completion carries WITH_INV and the rkey.
+    #[test]
+    fn local_inv_and_send_with_inv_revoke_windows() {
+        let mut a = Node::<H>::open_with("mw-inv", 0, ALL);
+        let mut b = Node::<H>::open_with("mw-inv", 1, ALL);
+        let (mut qa, mut qb) =
+            (a.qp(QpType::Rc, QpCaps::default(), None, false), b.qp(QpType::Rc, QpCaps::default(), None, false));
+        connect::<H>(&mut qa, &mut qb, &ConnOpts::default());
+        let mw = b.pd.alloc_mw().unwrap();
+        let (lkey, waddr) = (b.mr.lkey(), b.addr(8192));
+        let bind = move |rkey| MwBind {
+            new_rkey: rkey,
+            mr_lkey: lkey,
+            addr: waddr,
+            length: 64,
+            access: AccessFlags::REMOTE_WRITE,
+        };
+        // Bind, then invalidate remotely with SEND_WITH_INV.
+        let k1 = inc_rkey(mw.rkey());
+        post_one(&mut qb, SendWr::bind_mw(1, mw.rkey(), bind(k1)), &[]);
+        assert!(poll_n(&mut b.scq, 1)[0].is_ok());
+        qb.post_recv(&RecvChain::one(7, &[b.sge(0, 64)])).unwrap();
+        post_one(&mut qa, SendWr::send_with_inv(2, k1), &[a.sge(0, 8)]);
+        assert!(poll_n(&mut a.scq, 1)[0].is_ok());
+        let r = poll_n(&mut b.rcq, 1)[0];
+        assert!(r.wc_flags.contains(WcFlags::WITH_INV));
+        assert_eq!((r.imm_data, r.wr_id), (k1, 7));
+        // The window is revoked: a QP error follows a write through it, so use a fresh pair.
+        let mut qa2 = a.qp(QpType::Rc, QpCaps::default(), None, false);
+        let mut qb2 = b.qp(QpType::Rc, QpCaps::default(), None, false);
+        connect::<H>(&mut qa2, &mut qb2, &ConnOpts::default());
+        post_one(&mut qa2, SendWr::write(3, b.addr(8192), k1), &[a.sge(0, 8)]);
+        assert_eq!(poll_n(&mut a.scq, 1)[0].status, WcStatus::RemAccessErr);
+        // Rebind, then LOCAL_INV on the owner's side.
+        let k2 = inc_rkey(k1);
+        post_one(&mut qb2, SendWr::bind_mw(4, k1, bind(k2)), &[]);
+        assert!(poll_n(&mut b.scq, 1)[0].is_ok());
+        post_one(&mut qb2, SendWr::local_inv(5, k2), &[]);
+        let wc = poll_n(&mut b.scq, 1)[0];
+        assert_eq!((wc.status, wc.opcode), (WcStatus::Success, WcOpcode::LocalInv));
+        let mut qa3 = a.qp(QpType::Rc, QpCaps::default(), None, false);
+        let mut qb3 = b.qp(QpType::Rc, QpCaps::default(), None, false);
+        connect::<H>(&mut qa3, &mut qb3, &ConnOpts::default());
+        post_one(&mut qa3, SendWr::write(6, b.addr(8192), k2), &[a.sge(0, 8)]);
+        assert_eq!(poll_n(&mut a.scq, 1)[0].status, WcStatus::RemAccessErr);
+    }
+
+    /// Binding onto an MR registered without MW_BIND, a window of another PD, or invalidating
+    /// a plain MR's key: IBV_WC_MW_BIND_ERR ("memory management operation error").
+    #[test]
+    fn bad_binds_and_invalidations_fail() {
+        let mut b = Node::<H>::open_with("mw-bad", 0, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE);
+        let a = Node::<H>::open_with("mw-bad", 1, ALL);
+        let mut qb = b.qp(QpType::Rc, QpCaps::default(), None, false);
+        let mut qa = a.qp(QpType::Rc, QpCaps::default(), None, false);
+        connect::<H>(&mut qb, &mut qa, &ConnOpts::default());
+        let mw = b.pd.alloc_mw().unwrap();
+        let bind = MwBind {
+            new_rkey: inc_rkey(mw.rkey()),
+            mr_lkey: b.mr.lkey(),
+            addr: b.addr(0),
+            length: 64,
+            access: AccessFlags::REMOTE_WRITE,
+        };
+        post_one(&mut qb, SendWr::bind_mw(1, mw.rkey(), bind), &[]);
+        assert_eq!(poll_n(&mut b.scq, 1)[0].status, WcStatus::MwBindErr, "MR without MW_BIND");
+        assert_eq!(qb.state(), QpState::Error);
+        let mut qb2 = b.qp(QpType::Rc, QpCaps::default(), None, false);
+        let mut qa2 = a.qp(QpType::Rc, QpCaps::default(), None, false);
+        connect::<H>(&mut qb2, &mut qa2, &ConnOpts::default());
+        post_one(&mut qb2, SendWr::local_inv(2, b.mr.rkey()), &[]);
+        assert_eq!(poll_n(&mut b.scq, 1)[0].status, WcStatus::MwBindErr, "a plain MR cannot be invalidated");
+        // A window's rkey is never an lkey.
+        let mut qb3 = b.qp(QpType::Rc, QpCaps::default(), None, false);
+        let mut qa3 = a.qp(QpType::Rc, QpCaps::default(), None, false);
+        connect::<H>(&mut qb3, &mut qa3, &ConnOpts::default());
+        let e = qb3.post_send(&SendChain::one(SendWr::send(3), &[Sge::new(b.addr(0), 8, mw.rkey())])).unwrap_err();
+        assert_eq!(e.errno, Errno::EINVAL);
+    }
+}
