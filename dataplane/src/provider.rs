@@ -231,6 +231,14 @@ pub trait MemRegion: Send + Sync {
         // SAFETY: as in `write`.
         unsafe { std::ptr::copy_nonoverlapping(self.as_ptr().add(offset), out.as_mut_ptr(), out.len()) }
     }
+    /// Reads the aligned 8 bytes at `offset` with a volatile load, for polling memory a peer
+    /// writes (RDMA WRITE ping-pong). Panics if outside the region or not 8-byte aligned.
+    fn read_volatile_u64(&self, offset: usize) -> u64 {
+        assert!(offset % 8 == 0 && offset.checked_add(8).is_some_and(|e| e <= self.len()), "bad poll offset");
+        // SAFETY: inside the mapping and aligned (checked); volatile so each call really reads
+        // the memory a peer may be writing.
+        unsafe { std::ptr::read_volatile(self.as_ptr().add(offset) as *const u64) }
+    }
     /// Fills `len` bytes at `offset` with `byte`. Panics if outside the region.
     fn fill(&self, offset: usize, len: usize, byte: u8) {
         assert!(offset.checked_add(len).is_some_and(|e| e <= self.len()), "fill outside region");

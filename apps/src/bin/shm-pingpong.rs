@@ -30,10 +30,10 @@ struct Args {
     #[arg(short = 'l', long = "post-list", default_value_t = 32)]
     post_list: u32,
     /// Core for this process (-1: do not pin).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     core: i64,
     /// Core for the peer process (-1: do not pin).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
     peer_core: i64,
     /// Fabric name (default: pingpong-<pid>).
     #[arg(long)]

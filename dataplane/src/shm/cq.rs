@@ -3,12 +3,11 @@
 
 use super::fabric::Fabric;
 use super::layout::*;
-use super::qp::SqCell;
 use super::ring::{Pop, Ring};
 use super::CtxInner;
 use crate::verbs::{Errno, Error, Result, WcFlags, WcOpcode, WcStatus, WorkCompletion};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 /// A CQE as it travels through the ring: a [`WorkCompletion`] plus the send-queue index it
 /// retires (send completions only).
@@ -81,10 +80,6 @@ pub(crate) struct CqShared {
     pub(crate) ring: Ring,
     ring_off: u64,
     ring_len: u64,
-    /// Number of QPs using this CQ as send CQ that have work waiting (RNR or retry).
-    pub(crate) pending_qps: AtomicU32,
-    /// Send queues that report into this CQ, for progress in `poll`.
-    pub(crate) sqs: Mutex<Vec<Weak<SqCell>>>,
     /// Keeps the completion channel alive while the CQ may signal it.
     _channel: Option<Arc<super::channel::ChannelInner>>,
 }
@@ -231,8 +226,6 @@ impl ShmCq {
                 ring,
                 ring_off,
                 ring_len,
-                pending_qps: AtomicU32::new(0),
-                sqs: Mutex::new(Vec::new()),
                 _channel: channel.map(|c| c.inner.clone()),
             }),
         })
@@ -252,25 +245,13 @@ impl ShmCq {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-
-    #[cold]
-    fn progress_pending(&self) {
-        let sqs = self.shared.sqs.lock().unwrap_or_else(|e| e.into_inner());
-        for w in sqs.iter() {
-            if let Some(sq) = w.upgrade() {
-                sq.try_progress();
-            }
-        }
-    }
 }
 
 impl crate::provider::Cq for ShmCq {
     #[inline]
     fn poll(&mut self, wc: &mut [WorkCompletion]) -> Result<usize> {
         let sh = &*self.shared;
-        if sh.pending_qps.load(Ordering::Relaxed) != 0 {
-            self.progress_pending();
-        }
+        super::qp::progress_waiting();
         let f = sh.fabric();
         let mut n = 0;
         while n < wc.len() {

@@ -17,8 +17,8 @@ use super::CtxInner;
 use crate::verbs::*;
 use std::cell::UnsafeCell;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 
 /// MTU of the shm "link": the largest UD message.
 pub(crate) const SHM_MTU: u32 = 4096;
@@ -132,6 +132,8 @@ pub(crate) struct SqState {
     /// Retries made after RNR NAKs and missing responders (for stats).
     pub(crate) retries: u64,
     registered_pending: bool,
+    /// This send queue's own cell, for the process-wide waiting list.
+    me: Weak<SqCell>,
     pub(crate) dest: Option<super::exec::DestView>,
     /// Scratch receive entry (kept here to stay off the stack in the hot path).
     pub(crate) rx: RecvEntry,
@@ -171,11 +173,13 @@ impl SqState {
     fn set_pending_registered(&mut self, on: bool) {
         if on != self.registered_pending {
             self.registered_pending = on;
+            let mut list = WAITING.lock().unwrap_or_else(|e| e.into_inner());
             if on {
-                self.send_cq.pending_qps.fetch_add(1, Ordering::Relaxed);
+                list.push(self.me.clone());
             } else {
-                self.send_cq.pending_qps.fetch_sub(1, Ordering::Relaxed);
+                list.retain(|w| !w.ptr_eq(&self.me));
             }
+            WAITING_COUNT.store(list.len() as u32, Ordering::Release);
         }
     }
 
@@ -238,6 +242,30 @@ impl SqState {
         if self.pending.is_empty() {
             self.set_pending_registered(false);
         }
+    }
+}
+
+/// Send queues of this process with WQEs waiting behind an RNR or a retry. A NIC retries on
+/// its own; here the poster's CPU must, so every CQ poll in the process (whichever CQ: a
+/// pingpong waits on its receive CQ) progresses them. `WAITING_COUNT` keeps the check to one
+/// load when nothing waits.
+static WAITING: Mutex<Vec<Weak<SqCell>>> = Mutex::new(Vec::new());
+static WAITING_COUNT: AtomicU32 = AtomicU32::new(0);
+
+/// Progresses every waiting send queue of the process (skipping those being posted to).
+#[inline]
+pub(crate) fn progress_waiting() {
+    if WAITING_COUNT.load(Ordering::Relaxed) != 0 {
+        progress_waiting_slow();
+    }
+}
+
+#[cold]
+fn progress_waiting_slow() {
+    let cells: Vec<Arc<SqCell>> =
+        WAITING.lock().unwrap_or_else(|e| e.into_inner()).iter().filter_map(Weak::upgrade).collect();
+    for c in cells {
+        c.try_progress();
     }
 }
 
@@ -430,11 +458,15 @@ impl ShmQp {
             blocked: None,
             retries: 0,
             registered_pending: false,
+            me: Weak::new(),
             dest: None,
             rx: RecvEntry::default(),
         };
-        let sq = Arc::new(SqCell { busy: AtomicBool::new(false), st: UnsafeCell::new(st) });
-        send_cq.sqs.lock().unwrap_or_else(|e| e.into_inner()).push(Arc::downgrade(&sq));
+        let sq = Arc::new_cyclic(|me| {
+            let mut st = st;
+            st.me = me.clone();
+            SqCell { busy: AtomicBool::new(false), st: UnsafeCell::new(st) }
+        });
         let rq_caps = rq.as_ref().map_or(0, |(r, _, _)| r.capacity() as u32);
         Ok(ShmQp {
             sq,
@@ -474,9 +506,6 @@ impl Drop for ShmQp {
             let mut g = self.sq.lock();
             g.set_pending_registered(false);
             g.pending.clear();
-            let me = Arc::as_ptr(&self.sq);
-            let mut list = g.send_cq.sqs.lock().unwrap_or_else(|e| e.into_inner());
-            list.retain(|w| w.strong_count() > 0 && !std::ptr::eq(w.as_ptr(), me));
         }
         let l = f.lock();
         let s = f.qp_slot(self.idx);

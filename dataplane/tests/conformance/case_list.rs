@@ -74,4 +74,5 @@ suite!(ShmHarness;
     tm_list_full_and_ops_limit,
     tm_bad_handle_and_plain_srq,
     tm_oldest_entry_matches_first,
+    rnr_retry_progresses_without_polling_the_send_cq,
 );

@@ -1955,3 +1955,17 @@ pub fn tm_oldest_entry_matches_first<H: Harness>(t: &str) {
     assert_eq!((wcs[0].wr_id, wcs[1].wr_id), (500, 501));
     assert_eq!((s.b.read(4096, 1), s.b.read(4096 + 512, 1)), (b"a".to_vec(), b"b".to_vec()));
 }
+
+/// RNR retries are the responder's NIC's business, not the requester's application's: a SEND
+/// that found no receive is delivered once one is posted, even if the sender never polls its
+/// send CQ (a pingpong waits on its receive CQ only).
+pub fn rnr_retry_progresses_without_polling_the_send_cq<H: Harness>(t: &str) {
+    let mut p = rc_pair::<H>(t);
+    p.a.write(0, b"late");
+    send(&mut p.qa, &p.a, 1, 0, 4);
+    assert_no_completion(&mut p.b.rcq);
+    recv(&mut p.qb, &p.b, 2, 256, 64);
+    let wc = poll_n(&mut p.b.rcq, 1)[0];
+    assert_eq!((wc.status, wc.wr_id, wc.byte_len), (WcStatus::Success, 2, 4));
+    assert_eq!(p.b.read(256, 4), b"late");
+}
