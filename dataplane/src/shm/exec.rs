@@ -298,7 +298,9 @@ fn exec_wr(f: &Fabric, st: &mut SqState, wr: &SendWr, src: &[Seg], total: u64) -
     }
     let fail = |s: WcStatus| Outcome::Done(if reliable { s } else { WcStatus::Success }, 0);
     match wr.opcode {
-        WrOpcode::Send | WrOpcode::SendWithImm => deliver(f, Sender::of(st), &mut st.rx, &d, wr, src, total, None, true),
+        WrOpcode::Send | WrOpcode::SendWithImm => {
+            deliver(f, Sender::of(st), &mut st.rx, &d, wr, src, total, None, true)
+        }
         WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm => {
             let Some(mr) = remote_mr(f, &d, wr, AccessFlags::REMOTE_WRITE) else { return fail(WcStatus::RemAccessErr) };
             let Some(p) = mr.translate(f, wr.remote_addr, total) else { return fail(WcStatus::RemAccessErr) };
