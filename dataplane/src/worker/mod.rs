@@ -375,12 +375,22 @@ impl<P: Provider> Worker<P> {
     /// down, returns the report. A failed pin stops the whole pipeline and is an error.
     pub fn run(mut self) -> Result<WorkerReport> {
         if let Some(core) = self.params.core {
-            if !core_affinity::set_for_current(core_affinity::CoreId { id: core }) {
+            // core_affinity panics for ids beyond the CPU set: check the id is allowed first.
+            let allowed = core_affinity::get_core_ids().unwrap_or_default();
+            let why = if !allowed.iter().any(|c| c.id == core) {
+                let list: Vec<String> = allowed.iter().map(|c| c.id.to_string()).collect();
+                Some(format!("core {core} is not available to this process (allowed: {})", list.join(",")))
+            } else if !core_affinity::set_for_current(core_affinity::CoreId { id: core }) {
+                Some(format!("sched_setaffinity to core {core} failed"))
+            } else {
+                None
+            };
+            if let Some(why) = why {
                 self.ctl.stop.store(true, Ordering::Release);
                 self.teardown();
                 return Err(Error::new(
                     Errno::EINVAL,
-                    format!("worker {}: cannot pin the thread to core {core}", self.params.name),
+                    format!("worker {}: cannot pin the thread: {why}", self.params.name),
                 ));
             }
         }
