@@ -12,6 +12,10 @@ impl Handler for Echo {
     fn on_message(&mut self, msg: Msg, cx: &mut StageCx<'_>) {
         cx.reply(msg);
     }
+
+    fn replies(&self) -> bool {
+        true
+    }
 }
 
 /// Passes every message to output 0.

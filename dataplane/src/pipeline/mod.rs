@@ -141,6 +141,16 @@ impl LocalQueue {
     }
 
     #[inline]
+    pub(crate) fn free(&self) -> usize {
+        self.cap - self.q.len()
+    }
+
+    #[inline]
+    pub(crate) fn len(&self) -> usize {
+        self.q.len()
+    }
+
+    #[inline]
     pub(crate) fn pop(&mut self) -> Option<(Target, Msg)> {
         self.q.pop_front()
     }
@@ -245,8 +255,8 @@ impl StageCx<'_> {
         self.clock.now_ns()
     }
 
-    /// Messages this stage may still emit in this loop without overflowing a send queue
-    /// (sources use it for back-pressure).
+    /// Messages a source may emit in this loop without overflowing a send queue it reaches
+    /// (0 for stages handling a message: their budget was applied when receiving).
     #[inline]
     pub fn room(&self) -> usize {
         self.room
@@ -278,6 +288,12 @@ pub trait Handler: Send {
 
     /// Whether this stage generates messages on its own (then [`poll`](Self::poll) is called).
     fn is_source(&self) -> bool {
+        false
+    }
+
+    /// Whether the handler sends messages back on the QP they arrived on
+    /// ([`StageCx::reply`]); the worker then counts that QP in its back-pressure.
+    fn replies(&self) -> bool {
         false
     }
 

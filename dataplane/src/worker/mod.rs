@@ -222,7 +222,12 @@ pub struct Worker<P: Provider> {
     /// Stage fed by each QP's receives.
     pub(crate) qp_stage: Vec<Option<u16>>,
     pub(crate) stages: Vec<StageSlot>,
-    pub(crate) sources: Vec<u16>,
+    /// Sources, each with the QPs its messages can reach (its back-pressure set).
+    pub(crate) sources: Vec<(u16, Vec<u16>)>,
+    /// Input QP of each stage (for handlers that reply).
+    pub(crate) stage_input: Vec<Option<u16>>,
+    /// Queue entries one received message can create at most (sum of stage outputs).
+    pub(crate) fan: usize,
     pub(crate) pool: BufferPool,
     pub(crate) cache: PoolCache,
     pub(crate) queue: LocalQueue,
@@ -284,6 +289,8 @@ impl<P: Provider> Worker<P> {
             qp_stage: Vec::new(),
             stages: Vec::new(),
             sources: Vec::new(),
+            stage_input: Vec::new(),
+            fan: 1,
             pool,
             cache,
             stats,
@@ -357,18 +364,61 @@ impl<P: Provider> Worker<P> {
         input_qp: Option<usize>,
     ) -> usize {
         let idx = self.stages.len();
-        if handler.is_source() {
-            self.sources.push(idx as u16);
-        }
         if let Some(q) = input_qp {
             self.qp_stage[q] = Some(idx as u16);
         }
+        self.stage_input.push(input_qp.map(|q| q as u16));
         self.stages.push(StageSlot { name: name.into(), kind, handler, outputs, stats: StageStats::default() });
+        self.compute_reach();
         // Sized for a burst fanned out to every output of every stage.
         let outs: usize = self.stages.iter().map(|s| s.outputs.len().max(1)).sum();
         let cap = (self.params.poll_burst.max(1) as usize + 1) * outs * 2 + 64;
+        self.fan = outs;
         self.queue = LocalQueue::new(cap);
         idx
+    }
+
+    /// QPs reachable from stage `s` (its outputs, transitively; its input QP if it replies).
+    fn reach(&self, s: usize, seen: &mut Vec<bool>, out: &mut Vec<u16>) {
+        if seen[s] {
+            return;
+        }
+        seen[s] = true;
+        let st = &self.stages[s];
+        if st.handler.replies() {
+            if let Some(q) = self.stage_input[s] {
+                if !out.contains(&q) {
+                    out.push(q);
+                }
+            }
+        }
+        for t in &st.outputs {
+            match *t {
+                Target::Qp(q) => {
+                    if !out.contains(&q) {
+                        out.push(q);
+                    }
+                }
+                Target::Stage(t) if (t as usize) < self.stages.len() => self.reach(t as usize, seen, out),
+                Target::Stage(_) => {}
+            }
+        }
+    }
+
+    /// Recomputes the back-pressure sets (setup only).
+    fn compute_reach(&mut self) {
+        let n = self.stages.len();
+        self.sources.clear();
+        for s in 0..n {
+            if !self.stages[s].handler.is_source() {
+                continue;
+            }
+            let mut out = Vec::new();
+            self.reach(s, &mut vec![false; n], &mut out);
+            if self.stages[s].handler.is_source() {
+                self.sources.push((s as u16, out));
+            }
+        }
     }
 
     /// Runs the worker on the current thread: pins it, loops until [`Control::stop`], tears

@@ -31,11 +31,16 @@ impl<P: Provider> Worker<P> {
         }
         work += n;
 
-        // 2. Room: each received or generated message yields at most one send per QP.
-        let mut room = self.batches.iter().map(|b| b.room()).min().unwrap_or(usize::MAX);
+        // 2. Room: a generated message yields at most one send per QP it can reach, so a
+        // source emits no more than the smallest room among those QPs.
+        let batches = &self.batches;
+        let room_of = |qps: &[u16]| qps.iter().map(|&q| batches[q as usize].room()).min().unwrap_or(usize::MAX);
 
         // 3. Receives, handed to the stage bound to their QP.
-        let budget = room.min(self.wc.len());
+        // Receives are always drained (a sink must never wait on a send queue, or two workers
+        // waiting on each other's RNR would deadlock); messages whose QP is full wait in the
+        // local queue, whose free space bounds the burst.
+        let budget = self.wc.len().min(self.queue.free() / self.fan);
         if budget > 0 {
             let n = self.rcq.poll(&mut self.wc[..budget]).unwrap_or_else(|_| {
                 stats.errors.add(1);
@@ -76,14 +81,15 @@ impl<P: Provider> Worker<P> {
                     }
                 }
             }
-            room -= n;
             work += n;
         }
 
         // 4. Sources.
         let stopping = self.ctl.stop_sources.load(Ordering::Relaxed);
-        for &s in &self.sources {
-            let st = &mut self.stages[s as usize];
+        for (s, qps) in &self.sources {
+            // Receives polled above may also use these QPs: count them against the room.
+            let room = room_of(qps).saturating_sub(self.queue.len());
+            let st = &mut self.stages[*s as usize];
             let mut cx = StageCx {
                 pool: &self.pool,
                 cache: &mut self.cache,
@@ -95,20 +101,24 @@ impl<P: Provider> Worker<P> {
                 stopping,
                 max_len: self.max_msg,
             };
-            let made = st.handler.poll(&mut cx);
-            room = room.saturating_sub(made);
-            work += made;
+            work += st.handler.poll(&mut cx);
         }
 
-        // 5. Hand messages on until the queue is empty (stage chains run in this loop).
-        while let Some((t, m)) = self.queue.pop() {
+        // 5. Hand messages on until the queue is empty (stage chains run in this loop) or only
+        // messages for full send queues remain (they wait, in order, for the next loop).
+        let mut deferred = 0;
+        while deferred < self.queue.len() {
+            let Some((t, m)) = self.queue.pop() else { break };
             match t {
                 Target::Qp(q) => {
-                    let (buf, len) = (m.buf, m.len);
-                    if !self.batches[q as usize].push(buf, len, stats, &mut self.cache) {
-                        stats.dropped.add(1);
-                        let _ = self.cache.put(buf);
+                    let b = &mut self.batches[q as usize];
+                    if b.room() == 0 {
+                        // Cannot fail: the entry was just popped.
+                        let _ = self.queue.push(t, m);
+                        deferred += 1;
+                        continue;
                     }
+                    b.push(m.buf, m.len, stats, &mut self.cache);
                 }
                 Target::Stage(s) => {
                     let st = &mut self.stages[s as usize];
@@ -123,13 +133,14 @@ impl<P: Provider> Worker<P> {
                         outputs: &st.outputs,
                         stats: &st.stats,
                         clock: &self.clock,
-                        room,
+                        room: 0,
                         stopping,
                         max_len: self.max_msg,
                     };
                     st.handler.on_message(m, &mut cx);
                 }
             }
+            deferred = 0;
         }
 
         // 6. One doorbell per QP with gathered sends.
