@@ -87,8 +87,8 @@ impl<Q: Qp> SendBatch<Q> {
         true
     }
 
-    /// Posts the gathered chain with one doorbell. In `drain` mode the last WR is signaled,
-    /// so that every buffer comes back through a completion.
+    /// Posts the gathered chain with one doorbell. Buffers of trailing unsignaled WRs come
+    /// back with the next signaled completion, or at teardown ([`release_all`](Self::release_all)).
     #[inline]
     pub fn flush(&mut self, w: &WorkerStats, cache: &mut PoolCache) {
         if self.pending.is_empty() {
