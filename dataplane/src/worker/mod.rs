@@ -131,7 +131,7 @@ pub(crate) struct StageSlot {
 pub struct QpReport {
     /// QP name.
     pub name: String,
-    /// rx msgs, rx bytes, tx msgs, tx bytes, doorbells, signaled, rnr, errors.
+    /// Messages received.
     pub rx_msgs: u64,
     /// Bytes received.
     pub rx_bytes: u64,
