@@ -45,10 +45,11 @@ pub fn text(r: &RunReport) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "ran {:.3} s{}, drain {}",
+        "ran {:.3} s{}, drain {} in {:.3} s",
         secs,
         if r.interrupted { " (interrupted)" } else { "" },
-        if r.drained { "complete" } else { "INCOMPLETE (messages still in flight at the deadline)" }
+        if r.drained { "complete" } else { "INCOMPLETE (messages still in flight at the deadline)" },
+        r.drain_time.as_secs_f64()
     );
     let _ = writeln!(
         o,
@@ -175,10 +176,11 @@ pub fn json(r: &RunReport) -> String {
     let mut o = String::new();
     let _ = write!(
         o,
-        "{{\"elapsed_s\":{},\"interrupted\":{},\"drained\":{},\"gaps\":{},\"leaked\":{},\"workers\":[",
+        "{{\"elapsed_s\":{},\"interrupted\":{},\"drained\":{},\"drain_s\":{},\"gaps\":{},\"leaked\":{},\"workers\":[",
         num(secs),
         r.interrupted,
         r.drained,
+        num(r.drain_time.as_secs_f64()),
         total_gaps(r),
         total_leaked(r)
     );

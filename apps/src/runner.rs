@@ -55,6 +55,8 @@ pub struct RunReport {
     pub elapsed: Duration,
     /// Whether the drain finished (every sent message received) before its deadline.
     pub drained: bool,
+    /// How long the drain took.
+    pub drain_time: Duration,
     /// Per worker, with their QPs and stages.
     pub workers: Vec<WorkerReport>,
     /// Per pool.
@@ -171,7 +173,8 @@ where
 
     // Drain: sources stop; wait until every message sent was received and nothing moves.
     ctl.stop_sources.store(true, Ordering::Release);
-    let deadline = Instant::now() + Duration::from_secs(3);
+    let drain_start = Instant::now();
+    let deadline = drain_start + Duration::from_secs(10);
     let mut drained = false;
     let mut last = (u64::MAX, 0);
     let mut stable = 0;
@@ -185,6 +188,7 @@ where
             break;
         }
     }
+    let drain_time = drain_start.elapsed();
     ctl.stop.store(true, Ordering::Release);
 
     let mut workers = Vec::new();
@@ -210,7 +214,7 @@ where
             leaked: pool.outstanding(),
         })
         .collect();
-    Ok(RunReport { elapsed, drained, workers, pools, interrupted })
+    Ok(RunReport { elapsed, drained, drain_time, workers, pools, interrupted })
 }
 
 fn build<P: Provider>(
