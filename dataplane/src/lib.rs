@@ -14,10 +14,12 @@
 #![warn(missing_docs)]
 
 pub mod mem;
+pub mod pipeline;
 pub mod provider;
 #[cfg(target_os = "linux")]
 pub mod rdma;
 pub mod shm;
 pub mod verbs;
+pub mod worker;
 
 pub use provider::{Ah, Context, Cq, MemRegion, Mr, Pd, Provider, Qp, QpInitAttr, Srq};

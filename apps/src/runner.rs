@@ -1,0 +1,351 @@
+//! Brings a pipeline up from its config, runs it, shuts it down gracefully and reports.
+//!
+//! Bring-up (off the hot path): open the provider, carve each pool from provider memory and
+//! register it, build each worker (CQs, SRQ filled from the pool), create and connect the
+//! QPs (a local `peer` is a QP of this pipeline on the same fabric), attach the stages, then
+//! start one pinned thread per worker.
+//!
+//! Shutdown: stop the sources, wait until every message sent has been received and the
+//! workers are quiet (drain), stop the workers (each moves its QPs to ERROR, drains its CQs
+//! and returns every buffer), then check that every pool has all its buffers back.
+
+use dataplane::mem::{BufferPool, HugePolicy, PageSize as MemPage};
+use dataplane::pipeline::{Clock, Echo, Fanout, Forward, Handler, Sequencer, Sink, Source, SourceLimits, Target};
+use dataplane::shm::{Shm, ShmConfig};
+use dataplane::verbs::AccessFlags;
+use dataplane::worker::idle::IdleKind;
+use dataplane::worker::stats::WorkerStats;
+use dataplane::worker::{Control, QpParams, Worker, WorkerParams, WorkerReport};
+use dataplane::{Context, Mr, Pd, Provider};
+use dataplane_config::{Config, HugepagePolicy, IdlePolicy, PageSize, Peer, ProviderKind, Rate, StageKind, Transport};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long to run.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Stop after this long; `None`: when interrupted, or when every source has reached its
+    /// limit and the pipeline went quiet.
+    pub duration: Option<Duration>,
+    /// Overrides every worker's `doorbell_batch` (benchmarks).
+    pub doorbell_batch: Option<u32>,
+    /// Overrides the fabric name (tests running side by side).
+    pub fabric: Option<String>,
+    /// Runs without pinning (tests on machines with fewer cores).
+    pub no_pin: bool,
+}
+
+/// A pool's buffer accounting after shutdown.
+#[derive(Debug, Clone)]
+pub struct PoolReport {
+    /// Pool name.
+    pub name: String,
+    /// Buffers in the pool.
+    pub count: usize,
+    /// Buffers not returned (leaked).
+    pub leaked: usize,
+}
+
+/// Everything a run produced.
+#[derive(Debug, Clone)]
+pub struct RunReport {
+    /// Wall time from start until the sources were stopped.
+    pub elapsed: Duration,
+    /// Whether the drain finished (every sent message received) before its deadline.
+    pub drained: bool,
+    /// How long the drain took.
+    pub drain_time: Duration,
+    /// Per worker, with their QPs and stages.
+    pub workers: Vec<WorkerReport>,
+    /// Per pool.
+    pub pools: Vec<PoolReport>,
+    /// Whether the run ended because of Ctrl-C.
+    pub interrupted: bool,
+}
+
+/// Runs the (validated) pipeline `cfg`. `interrupt` is set by the Ctrl-C handler.
+pub fn run(cfg: &Config, opts: &RunOptions, interrupt: &AtomicBool) -> Result<RunReport, String> {
+    match *cfg.provider.kind {
+        ProviderKind::Rdma => Err("the rdma provider is not implemented yet (issue 4); use kind = \"shm\"".into()),
+        ProviderKind::Shm => {
+            let fabric = opts.fabric.clone().unwrap_or_else(|| cfg.provider.fabric.as_str().to_owned());
+            let page = match *cfg.memory.page_size {
+                PageSize::Huge2M => MemPage::Huge2M,
+                PageSize::Huge1G => MemPage::Huge1G,
+            };
+            let huge = match *cfg.memory.hugepages {
+                HugepagePolicy::Require => HugePolicy::Require(page),
+                HugepagePolicy::Prefer => HugePolicy::Prefer(page),
+                HugepagePolicy::Never => HugePolicy::Never,
+            };
+            let pools: u64 = cfg.memory.pools.iter().map(|p| p.bytes() + 4096).sum();
+            let size = (cfg.provider.fabric_size.bytes() + pools + (4 << 20)) as usize;
+            run_on::<Shm>(&ShmConfig { fabric, size, huge }, cfg, opts, interrupt)
+        }
+    }
+}
+
+struct Built<P: Provider> {
+    workers: Vec<Worker<P>>,
+}
+
+/// Builds and runs the pipeline on provider `P`.
+pub fn run_on<P: Provider>(
+    pcfg: &P::Config,
+    cfg: &Config,
+    opts: &RunOptions,
+    interrupt: &AtomicBool,
+) -> Result<RunReport, String>
+where
+    Worker<P>: Send,
+{
+    let ctx = Arc::new(P::open(pcfg).map_err(|e| format!("cannot open the {} provider: {e}", P::NAME))?);
+    let pd = ctx.alloc_pd().map_err(|e| format!("alloc_pd: {e}"))?;
+    let ctl = Arc::new(Control::new());
+    let clock = Clock::new();
+
+    // Pools: one registered region each.
+    let mut pools: HashMap<&str, (BufferPool, P::Mr)> = HashMap::new();
+    for p in &cfg.memory.pools {
+        let (size, count) = (p.buffer_size.bytes() as usize, *p.count as usize);
+        let len = size.div_ceil(64) * 64 * count + 64;
+        let region =
+            ctx.alloc_region(len).map_err(|e| format!("pool {}: cannot allocate {len} bytes: {e}", *p.name))?;
+        let mr = pd
+            .reg_mr(&region, 0, len, AccessFlags::LOCAL_WRITE)
+            .map_err(|e| format!("pool {}: reg_mr: {e}", *p.name))?;
+        let off = (64 - (mr.addr() % 64) as usize) % 64;
+        let pool = BufferPool::from_region(Arc::new(region), off, size, count)
+            .map_err(|e| format!("pool {}: {e}", *p.name))?;
+        pools.insert(p.name.as_str(), (pool, mr));
+    }
+
+    let b = build::<P>(cfg, opts, &ctx, &pd, &pools, &ctl, clock)?;
+    let stats: Vec<Arc<WorkerStats>> = b.workers.iter().map(|w| w.stats()).collect();
+
+    // Start.
+    let start = Instant::now();
+    let mut handles = Vec::new();
+    for w in b.workers {
+        let name = w.name().to_owned();
+        let h = std::thread::Builder::new()
+            .name(format!("dp-{name}"))
+            .spawn(move || w.run())
+            .map_err(|e| format!("cannot start worker {name}: {e}"))?;
+        handles.push(h);
+    }
+
+    // Run.
+    let all_limited =
+        cfg.stages.iter().filter(|s| *s.kind == StageKind::Source).all(|s| *s.count != 0 || !s.duration.is_zero());
+    let total = |stats: &[Arc<WorkerStats>]| -> (u64, u64) {
+        stats.iter().fold((0, 0), |(t, r), s| (t + s.tx_msgs.get(), r + s.rx_msgs.get()))
+    };
+    let mut last = (0, 0);
+    let mut quiet_since = Instant::now();
+    let mut interrupted = false;
+    loop {
+        std::thread::sleep(Duration::from_millis(10));
+        if ctl.stop.load(Ordering::Acquire) || handles.iter().any(|h| h.is_finished()) {
+            break; // a worker failed (e.g. could not pin)
+        }
+        if interrupt.load(Ordering::Relaxed) {
+            interrupted = true;
+            break;
+        }
+        if let Some(d) = opts.duration {
+            if start.elapsed() >= d {
+                break;
+            }
+            continue;
+        }
+        let now = total(&stats);
+        if now != last {
+            last = now;
+            quiet_since = Instant::now();
+        } else if all_limited && now.0 > 0 && quiet_since.elapsed() > Duration::from_millis(300) {
+            break;
+        }
+    }
+    let elapsed = start.elapsed();
+
+    // Drain: sources stop; wait until every message sent was received and nothing moves.
+    ctl.stop_sources.store(true, Ordering::Release);
+    let drain_start = Instant::now();
+    let deadline = drain_start + Duration::from_secs(10);
+    let mut drained = false;
+    let mut last = (u64::MAX, 0);
+    let mut stable = 0;
+    while Instant::now() < deadline && !ctl.stop.load(Ordering::Acquire) {
+        std::thread::sleep(Duration::from_millis(20));
+        let now = total(&stats);
+        stable = if now == last { stable + 1 } else { 0 };
+        last = now;
+        if now.0 == now.1 && stable >= 2 {
+            drained = true;
+            break;
+        }
+    }
+    let drain_time = drain_start.elapsed();
+    ctl.stop.store(true, Ordering::Release);
+
+    let mut workers = Vec::new();
+    let mut errors = Vec::new();
+    for h in handles {
+        match h.join() {
+            Ok(Ok(r)) => workers.push(r),
+            Ok(Err(e)) => errors.push(e.to_string()),
+            Err(_) => errors.push("a worker thread panicked".to_string()),
+        }
+    }
+    if !errors.is_empty() {
+        return Err(errors.join("\n"));
+    }
+    let pools = cfg
+        .memory
+        .pools
+        .iter()
+        .filter_map(|p| pools.get(p.name.as_str()).map(|(pool, _)| (p, pool)))
+        .map(|(p, pool)| PoolReport {
+            name: p.name.as_str().to_owned(),
+            count: pool.count(),
+            leaked: pool.outstanding(),
+        })
+        .collect();
+    Ok(RunReport { elapsed, drained, drain_time, workers, pools, interrupted })
+}
+
+fn build<P: Provider>(
+    cfg: &Config,
+    opts: &RunOptions,
+    ctx: &Arc<P::Context>,
+    pd: &P::Pd,
+    pools: &HashMap<&str, (BufferPool, P::Mr)>,
+    ctl: &Arc<Control>,
+    clock: Clock,
+) -> Result<Built<P>, String> {
+    let mut workers = Vec::new();
+    let widx: HashMap<&str, usize> = cfg.workers.iter().enumerate().map(|(i, w)| (w.name.as_str(), i)).collect();
+    for w in &cfg.workers {
+        let (pool, mr) =
+            pools.get(w.pool.as_str()).ok_or_else(|| format!("worker {}: no pool {}", *w.name, *w.pool))?;
+        let pcfg = cfg.pool(w.pool.as_str()).ok_or("pool vanished")?;
+        let params = WorkerParams {
+            name: w.name.as_str().to_owned(),
+            core: (!opts.no_pin).then_some(*w.core),
+            poll_burst: *w.poll_burst,
+            doorbell_batch: opts.doorbell_batch.unwrap_or(*w.doorbell_batch),
+            cq_depth: *w.cq_depth,
+            srq_depth: *w.srq_depth,
+            srq_low_watermark: *w.srq_low_watermark,
+            recv_buffer_size: w.recv_buffer_size.bytes() as u32,
+            idle: match *w.idle {
+                IdlePolicy::Spin => IdleKind::Spin,
+                IdlePolicy::SpinThenPause => IdleKind::SpinThenPause,
+                IdlePolicy::Backoff => IdleKind::Backoff,
+            },
+            spin_count: *w.spin_count,
+            cache_size: *pcfg.cache_size,
+        };
+        let worker = Worker::<P>::new(params, ctx.clone(), pd, pool.clone(), mr.lkey(), ctl.clone(), clock)
+            .map_err(|e| format!("worker {}: {e}", *w.name))?;
+        workers.push(worker);
+    }
+
+    // QPs.
+    let mut qidx: HashMap<&str, (usize, usize)> = HashMap::new();
+    for q in &cfg.qps {
+        let name = q.name.as_str();
+        if *q.transport == Transport::Ud {
+            return Err(format!("qp {name}: UD transport is not supported by the runtime yet; use transport = \"rc\""));
+        }
+        if !*q.use_srq {
+            return Err(format!("qp {name}: use_srq = false is not supported by the runtime yet"));
+        }
+        if let Some(Peer::Remote { .. }) = q.peer() {
+            return Err(format!(
+                "qp {name}: remote peers need the out-of-band exchange, not implemented yet; name a local QP"
+            ));
+        }
+        let wi = *widx.get(q.worker.as_str()).ok_or_else(|| format!("qp {name}: no worker {}", *q.worker))?;
+        let wcfg = &cfg.workers[wi];
+        let params = QpParams {
+            name: name.to_owned(),
+            send_depth: *q.send_depth,
+            signal_interval: q.effective_signal_interval(wcfg),
+            min_rnr_timer: *q.min_rnr_timer,
+            rnr_retry: *q.rnr_retry,
+            retry_cnt: *q.retry_cnt,
+            timeout: *q.timeout,
+        };
+        let i = workers[wi].add_qp(pd, params).map_err(|e| format!("qp {name}: {e}"))?;
+        qidx.insert(name, (wi, i));
+    }
+    for q in &cfg.qps {
+        let (wi, i) = qidx[q.name.as_str()];
+        if let Some(Peer::Local(peer)) = q.peer() {
+            let (pw, pi) = *qidx.get(peer).ok_or_else(|| format!("qp {}: no peer QP {peer}", *q.name))?;
+            let dest = workers[pw].qp_num(pi);
+            workers[wi].connect(i, dest).map_err(|e| format!("qp {}: connect to {peer}: {e}", *q.name))?;
+        }
+    }
+
+    // Stages: indices first (links refer forward), then handlers.
+    let mut sidx: HashMap<&str, (usize, usize)> = HashMap::new();
+    let mut per_worker = vec![0usize; workers.len()];
+    for s in &cfg.stages {
+        let wi = *widx.get(s.worker.as_str()).ok_or_else(|| format!("stage {}: no worker {}", *s.name, *s.worker))?;
+        sidx.insert(s.name.as_str(), (wi, per_worker[wi]));
+        per_worker[wi] += 1;
+    }
+    for s in &cfg.stages {
+        let (wi, _) = sidx[s.name.as_str()];
+        let target = |ep: &str| -> Result<Target, String> {
+            if let Some(&(w, i)) = qidx.get(ep) {
+                if w != wi {
+                    return Err(format!("stage {}: QP {ep} belongs to another worker", *s.name));
+                }
+                return Ok(Target::Qp(i as u16));
+            }
+            match sidx.get(ep) {
+                Some(&(w, i)) if w == wi => Ok(Target::Stage(i as u16)),
+                Some(_) => Err(format!(
+                    "stage {}: stage {ep} runs on another worker; link workers through a pair of QPs",
+                    *s.name
+                )),
+                None => Err(format!("stage {}: no endpoint {ep}", *s.name)),
+            }
+        };
+        let outputs = s.destinations().map(|d| target(d.as_str())).collect::<Result<Vec<_>, _>>()?;
+        let input_qp = match s.input.as_deref() {
+            Some(ep) => match target(ep)? {
+                Target::Qp(q) => Some(q as usize),
+                Target::Stage(_) => None,
+            },
+            None => None,
+        };
+        let w = &cfg.workers[wi];
+        let handler: Box<dyn Handler> = match *s.kind {
+            StageKind::Echo => Box::new(Echo),
+            StageKind::Forward => Box::new(Forward),
+            StageKind::Fanout => Box::new(Fanout),
+            StageKind::Sequencer => Box::new(Sequencer::default()),
+            StageKind::Sink => Box::new(Sink::new(*s.verify_sequence, *s.histogram)),
+            StageKind::Source => {
+                let limits = SourceLimits {
+                    rate: match *s.rate {
+                        Rate::Max => 0,
+                        Rate::PerSecond(n) => n,
+                    },
+                    count: *s.count,
+                    duration_ns: s.duration.0.as_nanos() as u64,
+                };
+                Box::new(Source::new(s.message_size.bytes() as usize, limits, *w.poll_burst as usize))
+            }
+        };
+        workers[wi].add_stage(s.name.as_str(), s.kind.as_str(), handler, outputs, input_qp);
+    }
+    Ok(Built { workers })
+}

@@ -1,0 +1,318 @@
+//! Stages: the [`Handler`] trait for user code and the built-in handlers.
+//!
+//! A stage runs on one worker. The worker hands it each message that arrives on its input (a
+//! QP's receive completion, or another stage of the same worker) together with a
+//! [`StageCx`], through which the handler reads and writes the message bytes and sends the
+//! message on (to one of its outputs, back on the QP it came from) or drops it. Messages are
+//! pool buffers: passing one on moves the buffer (zero copy); nothing allocates.
+//!
+//! Message layout of the built-ins: bytes 0..8 the sequence number, 8..16 the send time in
+//! nanoseconds since the pipeline's [`Clock`] base (little endian), the rest padding.
+
+mod builtins;
+
+pub use builtins::{Echo, Fanout, Forward, Sequencer, Sink, Source, SourceLimits};
+
+use crate::mem::{Buf, BufferPool, PoolCache};
+use crate::worker::stats::Counter;
+use crossbeam_utils::CachePadded;
+use std::collections::VecDeque;
+use std::time::Instant;
+
+/// Offset of the sequence number in a message.
+pub const SEQ_OFFSET: usize = 0;
+/// Offset of the send timestamp in a message.
+pub const TS_OFFSET: usize = 8;
+/// Bytes of the built-ins' header (sequence number and timestamp).
+pub const HEADER_LEN: usize = 16;
+
+/// A shared time base: timestamps are nanoseconds since `base`, comparable across workers of
+/// one process (`Instant` reads CLOCK_MONOTONIC through the vDSO, no system call).
+#[derive(Debug, Clone, Copy)]
+pub struct Clock {
+    base: Instant,
+}
+
+impl Clock {
+    /// A clock starting now.
+    pub fn new() -> Clock {
+        Clock { base: Instant::now() }
+    }
+
+    /// Nanoseconds since the base.
+    #[inline]
+    pub fn now_ns(&self) -> u64 {
+        self.base.elapsed().as_nanos() as u64
+    }
+}
+
+impl Default for Clock {
+    fn default() -> Self {
+        Clock::new()
+    }
+}
+
+/// A message owned by a stage: a pool buffer and the length of its payload.
+///
+/// Not `Copy` or `Clone`: a handler must pass each message on exactly once (send, reply or
+/// drop). A message forgotten by a handler is a leaked buffer, which shutdown reports.
+#[derive(Debug)]
+pub struct Msg {
+    pub(crate) buf: Buf,
+    pub(crate) len: u32,
+    /// Index of the worker QP it arrived on (`u16::MAX`: made locally).
+    pub(crate) qp: u16,
+}
+
+impl Msg {
+    /// Payload length in bytes.
+    pub fn len(&self) -> usize {
+        self.len as usize
+    }
+
+    /// Whether the payload is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Index (in its worker) of the QP the message arrived on, if it arrived on one.
+    pub fn input_qp(&self) -> Option<usize> {
+        (self.qp != u16::MAX).then_some(self.qp as usize)
+    }
+}
+
+/// Where a stage's output goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// Posted as a SEND on the worker's QP with this index.
+    Qp(u16),
+    /// Handed to the worker's stage with this index.
+    Stage(u16),
+}
+
+/// Counters of one stage.
+#[derive(Debug, Default)]
+pub struct StageCounters {
+    /// Messages handed to the stage (or generated, for a source).
+    pub msgs_in: Counter,
+    /// Their bytes.
+    pub bytes_in: Counter,
+    /// Messages the stage passed on.
+    pub msgs_out: Counter,
+    /// Their bytes.
+    pub bytes_out: Counter,
+    /// Messages the stage dropped on purpose (sinks count consumed messages here).
+    pub dropped: Counter,
+}
+
+/// Padded stage counters.
+pub type StageStats = CachePadded<StageCounters>;
+
+/// What a handler reports at shutdown beyond its counters.
+#[derive(Debug, Default, Clone)]
+pub struct StageReport {
+    /// Sequence numbers missing (sinks with `verify_sequence`).
+    pub gaps: u64,
+    /// Sequence numbers seen twice or out of order.
+    pub duplicates: u64,
+    /// Latencies in nanoseconds (sinks with a histogram).
+    pub latency: Option<hdrhistogram::Histogram<u64>>,
+}
+
+/// The work queue of one worker: messages waiting to be posted to a QP or handled by a
+/// stage. Fixed capacity (allocated once).
+pub(crate) struct LocalQueue {
+    q: VecDeque<(Target, Msg)>,
+    cap: usize,
+}
+
+impl LocalQueue {
+    pub(crate) fn new(cap: usize) -> LocalQueue {
+        LocalQueue { q: VecDeque::with_capacity(cap), cap }
+    }
+
+    #[inline]
+    pub(crate) fn push(&mut self, t: Target, m: Msg) -> Result<(), Msg> {
+        if self.q.len() >= self.cap {
+            return Err(m);
+        }
+        self.q.push_back((t, m));
+        Ok(())
+    }
+
+    #[inline]
+    pub(crate) fn free(&self) -> usize {
+        self.cap - self.q.len()
+    }
+
+    #[inline]
+    pub(crate) fn len(&self) -> usize {
+        self.q.len()
+    }
+
+    #[inline]
+    pub(crate) fn pop(&mut self) -> Option<(Target, Msg)> {
+        self.q.pop_front()
+    }
+}
+
+/// What a handler may do with messages while it runs.
+pub struct StageCx<'a> {
+    pub(crate) pool: &'a BufferPool,
+    pub(crate) cache: &'a mut PoolCache,
+    pub(crate) queue: &'a mut LocalQueue,
+    pub(crate) outputs: &'a [Target],
+    pub(crate) stats: &'a StageStats,
+    pub(crate) clock: &'a Clock,
+    pub(crate) room: usize,
+    pub(crate) stopping: bool,
+    pub(crate) max_len: u32,
+}
+
+impl StageCx<'_> {
+    /// The message's payload.
+    #[inline]
+    pub fn bytes(&self, m: &Msg) -> &[u8] {
+        // SAFETY: the buffer is in the pool's mapped range and `len` fits in it (checked when
+        // the message was made); this stage owns the buffer (it came out of a completion or
+        // the cache), so no peer or DMA engine writes it until it is posted again.
+        unsafe { std::slice::from_raw_parts(self.pool.ptr_of(m.buf), m.len as usize) }
+    }
+
+    /// The message's payload, writable.
+    #[inline]
+    pub fn bytes_mut(&mut self, m: &mut Msg) -> &mut [u8] {
+        // SAFETY: as in `bytes`; `&mut Msg` makes this the only view of the buffer.
+        unsafe { std::slice::from_raw_parts_mut(self.pool.ptr_of(m.buf), m.len as usize) }
+    }
+
+    /// Number of outputs of this stage.
+    pub fn outputs(&self) -> usize {
+        self.outputs.len()
+    }
+
+    /// Sends `m` to output `i` (a QP or the next stage). A bad index drops the message.
+    #[inline]
+    pub fn send(&mut self, i: usize, m: Msg) {
+        match self.outputs.get(i) {
+            Some(&t) => self.to(t, m),
+            None => self.drop_msg(m),
+        }
+    }
+
+    /// Sends `m` back on the QP it arrived on (dropped if it was made locally).
+    #[inline]
+    pub fn reply(&mut self, m: Msg) {
+        match m.input_qp() {
+            Some(q) => self.to(Target::Qp(q as u16), m),
+            None => self.drop_msg(m),
+        }
+    }
+
+    #[inline]
+    fn to(&mut self, t: Target, m: Msg) {
+        let len = m.len as u64;
+        match self.queue.push(t, m) {
+            Ok(()) => {
+                self.stats.msgs_out.add(1);
+                self.stats.bytes_out.add(len);
+            }
+            Err(m) => self.drop_msg(m),
+        }
+    }
+
+    /// Consumes `m`: its buffer goes back to the pool.
+    #[inline]
+    pub fn drop_msg(&mut self, m: Msg) {
+        self.stats.dropped.add(1);
+        let _ = self.cache.put(m.buf);
+    }
+
+    /// A new message of `len` bytes (at most the pool's buffer size), from the worker's pool
+    /// cache; `None` when the pool is empty or `len` is too large.
+    #[inline]
+    pub fn alloc(&mut self, len: usize) -> Option<Msg> {
+        if len > self.max_len as usize {
+            return None;
+        }
+        let buf = self.cache.get()?;
+        Some(Msg { buf, len: len as u32, qp: u16::MAX })
+    }
+
+    /// A copy of `m` in a new buffer.
+    #[inline]
+    pub fn copy(&mut self, m: &Msg) -> Option<Msg> {
+        let mut c = self.alloc(m.len())?;
+        // SAFETY: both buffers are owned by this stage and distinct; lengths are checked.
+        unsafe { std::ptr::copy_nonoverlapping(self.pool.ptr_of(m.buf), self.pool.ptr_of(c.buf), m.len()) };
+        c.qp = m.qp;
+        Some(c)
+    }
+
+    /// Nanoseconds since the pipeline's clock base.
+    #[inline]
+    pub fn now_ns(&self) -> u64 {
+        self.clock.now_ns()
+    }
+
+    /// Messages a source may emit in this loop without overflowing a send queue it reaches
+    /// (0 for stages handling a message: their budget was applied when receiving).
+    #[inline]
+    pub fn room(&self) -> usize {
+        self.room
+    }
+
+    /// Whether the pipeline is shutting down (sources stop generating).
+    #[inline]
+    pub fn stopping(&self) -> bool {
+        self.stopping
+    }
+
+    /// The stage's counters.
+    pub fn stats(&self) -> &StageCounters {
+        self.stats
+    }
+}
+
+/// User code of a stage. Called on the worker's thread, in its busy loop: it must not
+/// block, allocate or take locks.
+pub trait Handler: Send {
+    /// A message arrived on the stage's input.
+    fn on_message(&mut self, msg: Msg, cx: &mut StageCx<'_>);
+
+    /// Called once per worker loop for stages without input (sources): generate up to
+    /// `cx.room()` messages; returns how many were generated.
+    fn poll(&mut self, _cx: &mut StageCx<'_>) -> usize {
+        0
+    }
+
+    /// Whether this stage generates messages on its own (then [`poll`](Self::poll) is called).
+    fn is_source(&self) -> bool {
+        false
+    }
+
+    /// Whether the handler sends messages back on the QP they arrived on
+    /// ([`StageCx::reply`]); the worker then counts that QP in its back-pressure.
+    fn replies(&self) -> bool {
+        false
+    }
+
+    /// Called once at shutdown, off the hot path.
+    fn report(&self) -> StageReport {
+        StageReport::default()
+    }
+}
+
+/// Reads the little-endian `u64` at `off` of `b` (0 if out of range).
+#[inline]
+pub fn read_u64(b: &[u8], off: usize) -> u64 {
+    b.get(off..off + 8).map_or(0, |s| u64::from_le_bytes(s.try_into().unwrap_or([0; 8])))
+}
+
+/// Writes `v` little-endian at `off` of `b` (nothing if out of range).
+#[inline]
+pub fn write_u64(b: &mut [u8], off: usize, v: u64) {
+    if let Some(s) = b.get_mut(off..off + 8) {
+        s.copy_from_slice(&v.to_le_bytes());
+    }
+}

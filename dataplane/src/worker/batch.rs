@@ -1,0 +1,172 @@
+//! The doorbell batcher: one reusable [`SendChain`] per QP, posted with one doorbell per loop
+//! (or as soon as it holds `doorbell_batch` requests), with selective signaling.
+//!
+//! Every posted WR gets `wr_id` = its sequence number on the QP and its buffer is pushed on
+//! the QP's in-flight ring. One WR in `signal_interval` is SIGNALED; when its completion is
+//! polled, it and every earlier WR of the QP are done (verbs completes a QP's sends in order),
+//! so their buffers go back to the pool.
+
+use super::stats::{QpStats, WorkerStats};
+use crate::mem::{Buf, PoolCache};
+use crate::provider::Qp;
+use crate::verbs::{SendChain, SendWr, Sge, WcStatus, WorkCompletion};
+use std::collections::VecDeque;
+
+/// Sends of one QP: the chain being gathered and the buffers in flight.
+pub struct SendBatch<Q: Qp> {
+    pub(crate) qp: Q,
+    chain: SendChain,
+    /// Buffers of posted WRs not yet known complete, oldest first.
+    inflight: VecDeque<(Buf, u32)>,
+    /// Buffers of the chain being gathered (not yet posted).
+    pending: VecDeque<(Buf, u32)>,
+    /// Sequence number of the next WR to post (= wr_id).
+    next_seq: u64,
+    /// Sequence number of the oldest WR in `inflight`.
+    done_seq: u64,
+    since_signal: u32,
+    signal_interval: u32,
+    batch: u32,
+    depth: u32,
+    lkey: u32,
+    pub(crate) stats: QpStats,
+}
+
+impl<Q: Qp> SendBatch<Q> {
+    /// A batcher for `qp` with a send queue of `depth`, posting at `batch` WRs and signaling
+    /// one in `signal_interval`.
+    pub fn new(qp: Q, depth: u32, batch: u32, signal_interval: u32, lkey: u32) -> SendBatch<Q> {
+        let depth = depth.max(1);
+        SendBatch {
+            qp,
+            chain: SendChain::with_capacity(depth as usize, depth as usize),
+            inflight: VecDeque::with_capacity(depth as usize),
+            pending: VecDeque::with_capacity(depth as usize),
+            next_seq: 0,
+            done_seq: 0,
+            since_signal: 0,
+            signal_interval: signal_interval.clamp(1, depth),
+            batch: batch.clamp(1, depth),
+            depth,
+            lkey,
+            stats: QpStats::default(),
+        }
+    }
+
+    /// Free send-queue slots (not in flight and not gathered).
+    #[inline]
+    pub fn room(&self) -> usize {
+        self.depth as usize - self.inflight.len() - self.pending.len()
+    }
+
+    /// Buffers posted and not yet released.
+    pub fn inflight(&self) -> usize {
+        self.inflight.len()
+    }
+
+    /// Adds a SEND of `len` bytes of `buf` to the chain; posts the chain when it reaches the
+    /// doorbell batch. The caller checked [`room`](Self::room); `false` (and the buffer back to
+    /// the caller's responsibility) if there was none.
+    #[inline]
+    pub fn push(&mut self, buf: Buf, len: u32, w: &WorkerStats, cache: &mut PoolCache) -> bool {
+        if self.room() == 0 {
+            return false;
+        }
+        let seq = self.next_seq + self.pending.len() as u64;
+        self.since_signal += 1;
+        let mut wr = SendWr::send(seq);
+        if self.since_signal >= self.signal_interval {
+            wr = wr.signaled();
+            self.since_signal = 0;
+        }
+        self.chain.push(wr, &[Sge::new(buf.addr(), len, self.lkey)]);
+        self.pending.push_back((buf, len));
+        if self.pending.len() >= self.batch as usize {
+            self.flush(w, cache);
+        }
+        true
+    }
+
+    /// Posts the gathered chain with one doorbell. Buffers of trailing unsignaled WRs come
+    /// back with the next signaled completion, or at teardown ([`release_all`](Self::release_all)).
+    #[inline]
+    pub fn flush(&mut self, w: &WorkerStats, cache: &mut PoolCache) {
+        if self.pending.is_empty() {
+            return;
+        }
+        let n = self.pending.len();
+        let bytes: u64 = self.pending.iter().map(|&(_, l)| l as u64).sum();
+        let signaled = self.chain.wrs().iter().filter(|wr| wr.flags.contains(crate::verbs::SendFlags::SIGNALED));
+        let signaled = signaled.count() as u64;
+        match self.qp.post_send(&self.chain) {
+            Ok(()) => {
+                self.next_seq += n as u64;
+                self.inflight.extend(self.pending.drain(..));
+                self.stats.tx_msgs.add(n as u64);
+                self.stats.tx_bytes.add(bytes);
+                self.stats.doorbells.add(1);
+                self.stats.signaled.add(signaled);
+                w.tx_msgs.add(n as u64);
+                w.tx_bytes.add(bytes);
+                w.doorbells.add(1);
+                w.batches.add(1);
+            }
+            Err(e) => {
+                // Requests before bad_wr went out; the rest are returned to the pool.
+                let ok = e.bad_wr.min(n);
+                self.next_seq += ok as u64;
+                for _ in 0..ok {
+                    if let Some(p) = self.pending.pop_front() {
+                        self.inflight.push_back(p);
+                    }
+                }
+                let failed = (n - ok) as u64;
+                for (b, _) in self.pending.drain(..) {
+                    let _ = cache.put(b);
+                }
+                self.stats.errors.add(failed);
+                w.errors.add(failed);
+                if ok > 0 {
+                    self.stats.doorbells.add(1);
+                    w.doorbells.add(1);
+                }
+            }
+        }
+        self.chain.clear();
+    }
+
+    /// Handles a send completion of this QP: releases the buffers of it and every earlier WR.
+    #[inline]
+    pub fn complete(&mut self, wc: &WorkCompletion, w: &WorkerStats, cache: &mut PoolCache) {
+        match wc.status {
+            WcStatus::Success | WcStatus::WrFlushErr => {}
+            WcStatus::RnrRetryExcErr => {
+                self.stats.rnr.add(1);
+                w.rnr.add(1);
+            }
+            _ => {
+                self.stats.errors.add(1);
+                w.errors.add(1);
+            }
+        }
+        if wc.wr_id < self.done_seq || wc.wr_id >= self.next_seq {
+            return; // not one of ours (or already released): ignore
+        }
+        while self.done_seq <= wc.wr_id {
+            if let Some((b, _)) = self.inflight.pop_front() {
+                let _ = cache.put(b);
+            }
+            self.done_seq += 1;
+        }
+    }
+
+    /// Returns every buffer still held (after the QP was moved to ERROR and its CQ drained:
+    /// remaining WRs completed unsignaled).
+    pub fn release_all(&mut self, cache: &mut PoolCache) {
+        for (b, _) in self.inflight.drain(..).chain(self.pending.drain(..)) {
+            let _ = cache.put(b);
+        }
+        self.done_seq = self.next_seq;
+        self.chain.clear();
+    }
+}

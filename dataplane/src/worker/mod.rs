@@ -1,0 +1,546 @@
+//! The pinned busy-poll worker.
+//!
+//! A [`Worker`] owns a send CQ and a receive CQ, one SRQ ([`srq::Replenisher`]), its QPs
+//! (each with a [`batch::SendBatch`]), a [`PoolCache`] and its stages. [`Worker::run`] pins
+//! the thread with `core_affinity` (a failed pin is an error) and loops ([`Worker::step`],
+//! in `poll.rs`) until the [`Control`] says stop, then tears down: QPs to ERROR, CQs drained,
+//! every buffer back to the pool.
+//!
+//! The steady-state loop allocates nothing, takes no lock and makes no system call: every
+//! array is sized at construction (`tests/no_alloc.rs` counts allocations to prove it).
+
+pub mod batch;
+pub mod idle;
+mod poll;
+pub mod srq;
+pub mod stats;
+
+use crate::mem::{BufferPool, PoolCache};
+use crate::pipeline::{Clock, Handler, LocalQueue, StageReport, StageStats, Target};
+use crate::provider::{Context, Cq, Pd, Provider, Qp, QpInitAttr};
+use crate::verbs::{Errno, Error, QpAttr, QpCaps, QpState, QpType, Result, SrqAttr, WorkCompletion};
+use batch::SendBatch;
+use idle::{Idle, IdleKind};
+use srq::Replenisher;
+use stats::{QpCounters, WorkerCounters, WorkerStats};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+
+/// Shared run control of a pipeline's workers.
+#[derive(Debug)]
+pub struct Control {
+    /// Sources stop generating.
+    pub stop_sources: AtomicBool,
+    /// Workers leave their loops and tear down.
+    pub stop: AtomicBool,
+    /// SRQ numbers whose limit event fired, for the worker owning them (events of one
+    /// context may be read by any of its workers). 0 = empty slot.
+    srq_events: [AtomicU32; 32],
+}
+
+impl Default for Control {
+    fn default() -> Self {
+        Control {
+            stop_sources: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            srq_events: std::array::from_fn(|_| AtomicU32::new(0)),
+        }
+    }
+}
+
+impl Control {
+    /// A fresh control block.
+    pub fn new() -> Control {
+        Control::default()
+    }
+
+    fn note_srq_event(&self, srqn: u32) {
+        for s in &self.srq_events {
+            if s.load(Ordering::Relaxed) == srqn {
+                return;
+            }
+        }
+        for s in &self.srq_events {
+            if s.compare_exchange(0, srqn, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+                return;
+            }
+        }
+    }
+
+    fn take_srq_event(&self, srqn: u32) -> bool {
+        self.srq_events.iter().any(|s| s.compare_exchange(srqn, 0, Ordering::AcqRel, Ordering::Relaxed).is_ok())
+    }
+}
+
+/// Settings of one worker.
+#[derive(Debug, Clone)]
+pub struct WorkerParams {
+    /// Name, for reports.
+    pub name: String,
+    /// Core to pin to; `None` leaves the thread unpinned (tests).
+    pub core: Option<usize>,
+    /// Completions taken per poll.
+    pub poll_burst: u32,
+    /// Send WRs per doorbell at most.
+    pub doorbell_batch: u32,
+    /// Entries of each CQ.
+    pub cq_depth: u32,
+    /// Receive buffers kept posted on the SRQ.
+    pub srq_depth: u32,
+    /// Refill below this many.
+    pub srq_low_watermark: u32,
+    /// Bytes of each posted receive buffer.
+    pub recv_buffer_size: u32,
+    /// Idle policy.
+    pub idle: IdleKind,
+    /// Empty loops before the idle policy pauses or backs off.
+    pub spin_count: u32,
+    /// Buffers in the worker's pool cache.
+    pub cache_size: u32,
+}
+
+/// Settings of one QP.
+#[derive(Debug, Clone)]
+pub struct QpParams {
+    /// Name, for reports.
+    pub name: String,
+    /// Send queue entries.
+    pub send_depth: u32,
+    /// One send in this many is signaled.
+    pub signal_interval: u32,
+    /// RNR NAK timer code (RTR).
+    pub min_rnr_timer: u8,
+    /// RNR retries, 7 = forever (RTS).
+    pub rnr_retry: u8,
+    /// Transport retries (RTS).
+    pub retry_cnt: u8,
+    /// ACK timeout code (RTS).
+    pub timeout: u8,
+}
+
+pub(crate) struct StageSlot {
+    pub(crate) name: String,
+    pub(crate) kind: &'static str,
+    pub(crate) handler: Box<dyn Handler>,
+    pub(crate) outputs: Vec<Target>,
+    pub(crate) stats: StageStats,
+}
+
+/// A snapshot of one QP's counters.
+#[derive(Debug, Clone, Default)]
+pub struct QpReport {
+    /// QP name.
+    pub name: String,
+    /// Messages received.
+    pub rx_msgs: u64,
+    /// Bytes received.
+    pub rx_bytes: u64,
+    /// Messages sent.
+    pub tx_msgs: u64,
+    /// Bytes sent.
+    pub tx_bytes: u64,
+    /// Doorbells rung.
+    pub doorbells: u64,
+    /// Signaled WRs.
+    pub signaled: u64,
+    /// RNR retry-exceeded completions.
+    pub rnr: u64,
+    /// Errors.
+    pub errors: u64,
+}
+
+/// What a stage did.
+#[derive(Debug, Clone, Default)]
+pub struct StageSummary {
+    /// Stage name.
+    pub name: String,
+    /// Kind (`"sink"`, `"echo"`, ...).
+    pub kind: &'static str,
+    /// Messages in (generated, for sources).
+    pub msgs_in: u64,
+    /// Bytes in.
+    pub bytes_in: u64,
+    /// Messages passed on.
+    pub msgs_out: u64,
+    /// Bytes passed on.
+    pub bytes_out: u64,
+    /// Messages consumed or dropped.
+    pub dropped: u64,
+    /// Handler-specific results.
+    pub report: StageReport,
+}
+
+/// What a worker did, returned by [`Worker::run`].
+#[derive(Debug, Clone, Default)]
+pub struct WorkerReport {
+    /// Worker name.
+    pub name: String,
+    /// Pinned core.
+    pub core: Option<usize>,
+    /// Loop iterations, busy and idle.
+    pub loops: u64,
+    /// Loops that found work.
+    pub busy_loops: u64,
+    /// Loops that idled.
+    pub idle_loops: u64,
+    /// Messages received.
+    pub rx_msgs: u64,
+    /// Bytes received.
+    pub rx_bytes: u64,
+    /// Messages sent.
+    pub tx_msgs: u64,
+    /// Bytes sent.
+    pub tx_bytes: u64,
+    /// Send doorbells.
+    pub doorbells: u64,
+    /// SRQ refills.
+    pub srq_refills: u64,
+    /// SRQ limit events handled.
+    pub srq_limit_events: u64,
+    /// RNR retry-exceeded completions.
+    pub rnr: u64,
+    /// Errors.
+    pub errors: u64,
+    /// Messages dropped for lack of room.
+    pub dropped: u64,
+    /// Per QP.
+    pub qps: Vec<QpReport>,
+    /// Per stage.
+    pub stages: Vec<StageSummary>,
+}
+
+/// A worker, generic over the provider (monomorphized: no dynamic dispatch on the verbs path).
+pub struct Worker<P: Provider> {
+    pub(crate) params: WorkerParams,
+    pub(crate) ctx: Arc<P::Context>,
+    pub(crate) scq: P::Cq,
+    pub(crate) rcq: P::Cq,
+    pub(crate) srq: Replenisher<P::Srq>,
+    pub(crate) batches: Vec<SendBatch<P::Qp>>,
+    pub(crate) qp_params: Vec<QpParams>,
+    pub(crate) qp_nums: Vec<u32>,
+    /// Stage fed by each QP's receives.
+    pub(crate) qp_stage: Vec<Option<u16>>,
+    pub(crate) stages: Vec<StageSlot>,
+    /// Sources, each with the QPs its messages can reach (its back-pressure set).
+    pub(crate) sources: Vec<(u16, Vec<u16>)>,
+    /// Input QP of each stage (for handlers that reply).
+    pub(crate) stage_input: Vec<Option<u16>>,
+    /// Queue entries one received message can create at most (sum of stage outputs).
+    pub(crate) fan: usize,
+    pub(crate) pool: BufferPool,
+    pub(crate) cache: PoolCache,
+    pub(crate) queue: LocalQueue,
+    pub(crate) wc: Vec<WorkCompletion>,
+    pub(crate) idle: Idle,
+    pub(crate) stats: Arc<WorkerStats>,
+    pub(crate) ctl: Arc<Control>,
+    pub(crate) clock: Clock,
+    pub(crate) lkey: u32,
+    pub(crate) loops: u64,
+    pub(crate) max_msg: u32,
+}
+
+impl<P: Provider> Worker<P> {
+    /// Creates the worker's CQs and SRQ on `pd` and fills the SRQ from `pool` (registered with
+    /// `lkey`).
+    pub fn new(
+        params: WorkerParams,
+        ctx: Arc<P::Context>,
+        pd: &P::Pd,
+        pool: BufferPool,
+        lkey: u32,
+        ctl: Arc<Control>,
+        clock: Clock,
+    ) -> Result<Worker<P>> {
+        let p = &params;
+        if p.recv_buffer_size as usize > pool.buf_size() {
+            return Err(Error::new(
+                Errno::EINVAL,
+                format!(
+                    "worker {}: recv_buffer_size {} is larger than the pool's buffers ({} bytes)",
+                    p.name,
+                    p.recv_buffer_size,
+                    pool.buf_size()
+                ),
+            ));
+        }
+        let scq = ctx.create_cq(p.cq_depth)?;
+        let rcq = ctx.create_cq(p.cq_depth)?;
+        let srq = pd.create_srq(&SrqAttr { max_wr: p.srq_depth, max_sge: 1, srq_limit: 0 })?;
+        let mut cache = pool.cache(p.cache_size as usize);
+        let stats = Arc::new(WorkerStats::default());
+        let mut srq = Replenisher::new(srq, p.srq_depth, p.srq_low_watermark, p.recv_buffer_size, lkey, &pool);
+        srq.refill(&mut cache, &stats);
+        let burst = p.poll_burst.max(1) as usize;
+        Ok(Worker {
+            idle: Idle::new(p.idle, p.spin_count),
+            wc: vec![WorkCompletion::default(); burst],
+            queue: LocalQueue::new(0),
+            max_msg: pool.buf_size() as u32,
+            params,
+            ctx,
+            scq,
+            rcq,
+            srq,
+            batches: Vec::new(),
+            qp_params: Vec::new(),
+            qp_nums: Vec::new(),
+            qp_stage: Vec::new(),
+            stages: Vec::new(),
+            sources: Vec::new(),
+            stage_input: Vec::new(),
+            fan: 1,
+            pool,
+            cache,
+            stats,
+            ctl,
+            clock,
+            lkey,
+            loops: 0,
+        })
+    }
+
+    /// The worker's name.
+    pub fn name(&self) -> &str {
+        &self.params.name
+    }
+
+    /// The worker's live counters.
+    pub fn stats(&self) -> Arc<WorkerStats> {
+        self.stats.clone()
+    }
+
+    /// Creates an RC QP on the worker's CQs and SRQ, in INIT; returns its index.
+    pub fn add_qp(&mut self, pd: &P::Pd, qp: QpParams) -> Result<usize> {
+        let cap = QpCaps { max_send_wr: qp.send_depth, max_recv_wr: 0, max_inline_data: 0, ..Default::default() };
+        let attr = QpInitAttr::<P> {
+            send_cq: &self.scq,
+            recv_cq: &self.rcq,
+            srq: Some(&self.srq.srq),
+            cap,
+            qp_type: QpType::Rc,
+            sq_sig_all: false,
+        };
+        let mut q = pd.create_qp(&attr)?;
+        q.modify(&QpAttr { state: QpState::Init, ..Default::default() })?;
+        let depth = q.caps().max_send_wr.min(qp.send_depth).max(1);
+        self.qp_nums.push(q.qp_num());
+        self.qp_stage.push(None);
+        self.batches.push(SendBatch::new(q, depth, self.params.doorbell_batch, qp.signal_interval, self.lkey));
+        self.qp_params.push(qp);
+        Ok(self.batches.len() - 1)
+    }
+
+    /// QP number of QP `i`.
+    pub fn qp_num(&self, i: usize) -> u32 {
+        self.qp_nums[i]
+    }
+
+    /// Connects QP `i` to the remote QP `dest_qpn` (INIT → RTR → RTS).
+    pub fn connect(&mut self, i: usize, dest_qpn: u32) -> Result<()> {
+        let p = &self.qp_params[i];
+        let rtr =
+            QpAttr { state: QpState::Rtr, dest_qp_num: dest_qpn, min_rnr_timer: p.min_rnr_timer, ..Default::default() };
+        let rts = QpAttr {
+            state: QpState::Rts,
+            rnr_retry: p.rnr_retry,
+            retry_cnt: p.retry_cnt,
+            timeout: p.timeout,
+            ..Default::default()
+        };
+        let qp = &mut self.batches[i].qp;
+        qp.modify(&rtr)?;
+        qp.modify(&rts)
+    }
+
+    /// Adds a stage; `input_qp` binds a QP's receives to it. Returns its index.
+    pub fn add_stage(
+        &mut self,
+        name: &str,
+        kind: &'static str,
+        handler: Box<dyn Handler>,
+        outputs: Vec<Target>,
+        input_qp: Option<usize>,
+    ) -> usize {
+        let idx = self.stages.len();
+        if let Some(q) = input_qp {
+            self.qp_stage[q] = Some(idx as u16);
+        }
+        self.stage_input.push(input_qp.map(|q| q as u16));
+        self.stages.push(StageSlot { name: name.into(), kind, handler, outputs, stats: StageStats::default() });
+        self.compute_reach();
+        // Sized for a burst fanned out to every output of every stage.
+        let outs: usize = self.stages.iter().map(|s| s.outputs.len().max(1)).sum();
+        let cap = (self.params.poll_burst.max(1) as usize + 1) * outs * 2 + 64;
+        self.fan = outs;
+        self.queue = LocalQueue::new(cap);
+        idx
+    }
+
+    /// QPs reachable from stage `s` (its outputs, transitively; its input QP if it replies).
+    fn reach(&self, s: usize, seen: &mut Vec<bool>, out: &mut Vec<u16>) {
+        if seen[s] {
+            return;
+        }
+        seen[s] = true;
+        let st = &self.stages[s];
+        if st.handler.replies() {
+            if let Some(q) = self.stage_input[s] {
+                if !out.contains(&q) {
+                    out.push(q);
+                }
+            }
+        }
+        for t in &st.outputs {
+            match *t {
+                Target::Qp(q) => {
+                    if !out.contains(&q) {
+                        out.push(q);
+                    }
+                }
+                Target::Stage(t) if (t as usize) < self.stages.len() => self.reach(t as usize, seen, out),
+                Target::Stage(_) => {}
+            }
+        }
+    }
+
+    /// Recomputes the back-pressure sets (setup only).
+    fn compute_reach(&mut self) {
+        let n = self.stages.len();
+        self.sources.clear();
+        for s in 0..n {
+            if !self.stages[s].handler.is_source() {
+                continue;
+            }
+            let mut out = Vec::new();
+            self.reach(s, &mut vec![false; n], &mut out);
+            if self.stages[s].handler.is_source() {
+                self.sources.push((s as u16, out));
+            }
+        }
+    }
+
+    /// Runs the worker on the current thread: pins it, loops until [`Control::stop`], tears
+    /// down, returns the report. A failed pin stops the whole pipeline and is an error.
+    pub fn run(mut self) -> Result<WorkerReport> {
+        if let Some(core) = self.params.core {
+            // core_affinity panics for ids beyond the CPU set: check the id is allowed first.
+            let allowed = core_affinity::get_core_ids().unwrap_or_default();
+            let why = if !allowed.iter().any(|c| c.id == core) {
+                let list: Vec<String> = allowed.iter().map(|c| c.id.to_string()).collect();
+                Some(format!("core {core} is not available to this process (allowed: {})", list.join(",")))
+            } else if !core_affinity::set_for_current(core_affinity::CoreId { id: core }) {
+                Some(format!("sched_setaffinity to core {core} failed"))
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                self.ctl.stop.store(true, Ordering::Release);
+                self.teardown();
+                return Err(Error::new(
+                    Errno::EINVAL,
+                    format!("worker {}: cannot pin the thread: {why}", self.params.name),
+                ));
+            }
+        }
+        while !self.ctl.stop.load(Ordering::Acquire) {
+            for _ in 0..64 {
+                self.step();
+            }
+        }
+        self.teardown();
+        Ok(self.report())
+    }
+
+    /// Moves every QP to ERROR, drains both CQs and returns every buffer the worker holds.
+    pub fn teardown(&mut self) {
+        for b in &mut self.batches {
+            b.flush(&self.stats, &mut self.cache);
+        }
+        for b in &mut self.batches {
+            let _ = b.qp.modify(&QpAttr { state: QpState::Error, ..Default::default() });
+        }
+        let mut quiet = 0;
+        while quiet < 3 {
+            let mut any = false;
+            let n = self.scq.poll(&mut self.wc).unwrap_or(0);
+            for wc in &self.wc[..n] {
+                if let Some(i) = self.qp_nums.iter().position(|&q| q == wc.qp_num) {
+                    self.batches[i].complete(wc, &self.stats, &mut self.cache);
+                }
+            }
+            any |= n > 0;
+            let n = self.rcq.poll(&mut self.wc).unwrap_or(0);
+            for wc in &self.wc[..n] {
+                if let Some(buf) = self.srq.take(wc.wr_id) {
+                    let _ = self.cache.put(buf);
+                }
+            }
+            any |= n > 0;
+            quiet = if any { 0 } else { quiet + 1 };
+        }
+        for b in &mut self.batches {
+            b.release_all(&mut self.cache);
+        }
+        self.srq.release_all(&mut self.cache);
+        while let Some((_, m)) = self.queue.pop() {
+            let _ = self.cache.put(m.buf);
+        }
+    }
+
+    /// A snapshot of the counters and the stages' reports.
+    pub fn report(&self) -> WorkerReport {
+        let s: &WorkerCounters = &self.stats;
+        WorkerReport {
+            name: self.params.name.clone(),
+            core: self.params.core,
+            loops: s.loops.get(),
+            busy_loops: s.busy_loops.get(),
+            idle_loops: s.idle_loops.get(),
+            rx_msgs: s.rx_msgs.get(),
+            rx_bytes: s.rx_bytes.get(),
+            tx_msgs: s.tx_msgs.get(),
+            tx_bytes: s.tx_bytes.get(),
+            doorbells: s.doorbells.get(),
+            srq_refills: s.srq_refills.get(),
+            srq_limit_events: s.srq_limit_events.get(),
+            rnr: s.rnr.get(),
+            errors: s.errors.get(),
+            dropped: s.dropped.get(),
+            qps: self
+                .batches
+                .iter()
+                .zip(&self.qp_params)
+                .map(|(b, p)| {
+                    let c: &QpCounters = &b.stats;
+                    QpReport {
+                        name: p.name.clone(),
+                        rx_msgs: c.rx_msgs.get(),
+                        rx_bytes: c.rx_bytes.get(),
+                        tx_msgs: c.tx_msgs.get(),
+                        tx_bytes: c.tx_bytes.get(),
+                        doorbells: c.doorbells.get(),
+                        signaled: c.signaled.get(),
+                        rnr: c.rnr.get(),
+                        errors: c.errors.get(),
+                    }
+                })
+                .collect(),
+            stages: self
+                .stages
+                .iter()
+                .map(|st| StageSummary {
+                    name: st.name.clone(),
+                    kind: st.kind,
+                    msgs_in: st.stats.msgs_in.get(),
+                    bytes_in: st.stats.bytes_in.get(),
+                    msgs_out: st.stats.msgs_out.get(),
+                    bytes_out: st.stats.bytes_out.get(),
+                    dropped: st.stats.dropped.get(),
+                    report: st.handler.report(),
+                })
+                .collect(),
+        }
+    }
+}

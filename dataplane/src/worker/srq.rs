@@ -1,0 +1,149 @@
+//! The SRQ replenisher: keeps the worker's shared receive queue between its low watermark
+//! and its depth, refilling it with one chained `post_srq_recv` (one doorbell).
+//!
+//! A posted buffer's `wr_id` is its address, so a receive completion maps back to its buffer
+//! ([`BufferPool::index_of_addr`]). A bitmap of the buffers posted lets shutdown return the
+//! ones still sitting in the SRQ (an SRQ is not flushed when its QPs enter ERROR).
+
+use super::stats::WorkerStats;
+use crate::mem::{Buf, BufferPool, PoolCache};
+use crate::provider::Srq;
+use crate::verbs::{RecvChain, RecvWr, Sge, SrqAttr, SrqAttrMask};
+
+/// Keeps one SRQ filled.
+pub struct Replenisher<S: Srq> {
+    pub(crate) srq: S,
+    chain: RecvChain,
+    depth: u32,
+    low: u32,
+    posted: u32,
+    buf_len: u32,
+    lkey: u32,
+    pool: BufferPool,
+    /// One bit per pool buffer: set while posted on this SRQ.
+    bits: Vec<u64>,
+    /// Set by the SRQ limit event; cleared by the refill it triggers.
+    limit_hit: bool,
+}
+
+impl<S: Srq> Replenisher<S> {
+    /// A replenisher of `srq` holding `depth` buffers of `buf_len` bytes, refilled below
+    /// `low`.
+    pub fn new(srq: S, depth: u32, low: u32, buf_len: u32, lkey: u32, pool: &BufferPool) -> Self {
+        Replenisher {
+            srq,
+            chain: RecvChain::with_capacity(depth as usize, depth as usize),
+            depth,
+            low: low.min(depth.saturating_sub(1)),
+            posted: 0,
+            buf_len,
+            lkey,
+            bits: vec![0; pool.count().div_ceil(64)],
+            pool: pool.clone(),
+            limit_hit: false,
+        }
+    }
+
+    /// Receives currently posted.
+    pub fn posted(&self) -> u32 {
+        self.posted
+    }
+
+    /// The SRQ number (to match limit events).
+    pub fn srq_num(&self) -> u32 {
+        self.srq.srq_num()
+    }
+
+    /// Arms the SRQ limit event at the low watermark (`ibv_modify_srq`); the event is a
+    /// second trigger next to the worker's own count.
+    pub fn arm(&mut self) {
+        if self.low > 0 {
+            let attr = SrqAttr { max_wr: self.depth, max_sge: 1, srq_limit: self.low };
+            // Providers without limit events still work: the count below is the primary trigger.
+            let _ = self.srq.modify(&attr, SrqAttrMask::LIMIT);
+        }
+    }
+
+    /// The SRQ limit event fired.
+    pub fn on_limit_event(&mut self) {
+        self.limit_hit = true;
+    }
+
+    /// A receive completed: the buffer at `addr` left the SRQ. Returns its handle, or `None`
+    /// for an address this replenisher did not post.
+    #[inline]
+    pub fn take(&mut self, addr: u64) -> Option<Buf> {
+        let buf = self.pool.index_of_addr(addr)?;
+        let (w, b) = (buf.index() as usize / 64, buf.index() % 64);
+        if self.bits[w] & (1 << b) == 0 {
+            return None;
+        }
+        self.bits[w] &= !(1 << b);
+        self.posted -= 1;
+        Some(buf)
+    }
+
+    /// Refills to `depth` with one chained post if under the low watermark (or the limit
+    /// event fired). Returns whether it posted.
+    #[inline]
+    pub fn maybe_refill(&mut self, cache: &mut PoolCache, w: &WorkerStats) -> bool {
+        if self.posted >= self.low && !self.limit_hit {
+            return false;
+        }
+        self.refill(cache, w)
+    }
+
+    /// Posts `depth - posted` buffers (as many as the pool gives) in one chain.
+    pub fn refill(&mut self, cache: &mut PoolCache, w: &WorkerStats) -> bool {
+        let want = self.depth - self.posted;
+        self.chain.clear();
+        for _ in 0..want {
+            let Some(buf) = cache.get() else { break };
+            self.chain.push(RecvWr::new(buf.addr()), &[Sge::new(buf.addr(), self.buf_len, self.lkey)]);
+        }
+        if self.chain.is_empty() {
+            return false;
+        }
+        let n = self.chain.len();
+        let ok = match self.srq.post_recv(&self.chain) {
+            Ok(()) => n,
+            Err(e) => {
+                w.errors.add(1);
+                e.bad_wr.min(n)
+            }
+        };
+        for (i, wr) in self.chain.wrs().iter().enumerate() {
+            let Some(buf) = self.pool.index_of_addr(wr.wr_id) else { continue };
+            if i < ok {
+                let idx = buf.index() as usize;
+                self.bits[idx / 64] |= 1 << (idx % 64);
+            } else {
+                let _ = cache.put(buf);
+            }
+        }
+        self.posted += ok as u32;
+        self.limit_hit = false;
+        if ok > 0 {
+            w.srq_refills.add(1);
+            w.srq_posted.add(ok as u64);
+            self.arm();
+        }
+        self.chain.clear();
+        true
+    }
+
+    /// Returns every buffer still posted (at shutdown, when no more receives can land).
+    pub fn release_all(&mut self, cache: &mut PoolCache) {
+        let (base, stride) = (self.pool.base_addr(), self.pool.buf_size() as u64);
+        for (wi, word) in self.bits.iter_mut().enumerate() {
+            while *word != 0 {
+                let b = word.trailing_zeros() as usize;
+                *word &= !(1 << b);
+                if let Some(buf) = self.pool.index_of_addr(base + (wi * 64 + b) as u64 * stride) {
+                    let _ = cache.put(buf);
+                }
+            }
+        }
+        self.posted = 0;
+    }
+}

@@ -1,0 +1,144 @@
+//! Worker behaviour outside the hot path: a failed pin is an error (and stops the pipeline);
+//! a worker run on its own thread until stopped returns every buffer.
+
+use dataplane::mem::{BufferPool, HugePolicy};
+use dataplane::pipeline::{
+    read_u64, Clock, Echo, Handler, Msg, Sink, Source, SourceLimits, StageCx, Target, SEQ_OFFSET,
+};
+use dataplane::shm::{Shm, ShmConfig, ShmContext, ShmMr, ShmPd};
+use dataplane::verbs::AccessFlags;
+use dataplane::worker::idle::IdleKind;
+use dataplane::worker::{Control, QpParams, Worker, WorkerParams};
+use dataplane::{Context, Mr, Pd, Provider};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+type Setup = (Arc<ShmContext>, ShmPd, ShmMr, BufferPool, Worker<Shm>, Arc<Control>);
+
+fn setup(test: &str, core: Option<usize>) -> Setup {
+    setup_with(test, core, false)
+}
+
+fn setup_with(test: &str, core: Option<usize>, dropper: bool) -> Setup {
+    let name = format!("worker-{test}-{}", std::process::id());
+    let ctx = Arc::new(Shm::open(&ShmConfig { fabric: name, size: 32 << 20, huge: HugePolicy::Never }).unwrap());
+    let pd = ctx.alloc_pd().unwrap();
+    let (size, count) = (256usize, 2048usize);
+    let region = ctx.alloc_region(size * count + 64).unwrap();
+    let mr = pd.reg_mr(&region, 0, size * count + 64, AccessFlags::LOCAL_WRITE).unwrap();
+    let off = (64 - (mr.addr() % 64) as usize) % 64;
+    let pool = BufferPool::from_region(Arc::new(region), off, size, count).unwrap();
+    let params = WorkerParams {
+        name: "w".into(),
+        core,
+        poll_burst: 32,
+        doorbell_batch: 8,
+        cq_depth: 1024,
+        srq_depth: 256,
+        srq_low_watermark: 64,
+        recv_buffer_size: 256,
+        idle: IdleKind::Backoff,
+        spin_count: 10,
+        cache_size: 64,
+    };
+    let ctl = Arc::new(Control::new());
+    let mut w =
+        Worker::<Shm>::new(params, ctx.clone(), &pd, pool.clone(), mr.lkey(), ctl.clone(), Clock::new()).unwrap();
+    let qp = |n: &str| QpParams {
+        name: n.into(),
+        send_depth: 64,
+        signal_interval: 8,
+        min_rnr_timer: 1,
+        rnr_retry: 7,
+        retry_cnt: 7,
+        timeout: 14,
+    };
+    let a = w.add_qp(&pd, qp("a")).unwrap();
+    let b = w.add_qp(&pd, qp("b")).unwrap();
+    let (qa, qb) = (w.qp_num(a), w.qp_num(b));
+    w.connect(a, qb).unwrap();
+    w.connect(b, qa).unwrap();
+    let limits = SourceLimits { rate: 0, count: 10_000, duration_ns: 0 };
+    let first = if dropper { Target::Stage(3) } else { Target::Qp(a as u16) };
+    w.add_stage("src", "source", Box::new(Source::new(32, limits, 16)), vec![first], None);
+    w.add_stage("echo", "echo", Box::new(Echo), vec![], Some(b));
+    w.add_stage("sink", "sink", Box::new(Sink::new(true, true)), vec![], Some(a));
+    if dropper {
+        w.add_stage("drop", "user", Box::new(DropEveryTenth), vec![Target::Qp(a as u16)], None);
+    }
+    (ctx, pd, mr, pool, w, ctl)
+}
+
+/// User code: drops the messages whose sequence number ends in 5, forwards the others.
+struct DropEveryTenth;
+
+impl Handler for DropEveryTenth {
+    fn on_message(&mut self, msg: Msg, cx: &mut StageCx<'_>) {
+        if read_u64(cx.bytes(&msg), SEQ_OFFSET) % 10 == 5 {
+            cx.drop_msg(msg);
+        } else {
+            cx.send(0, msg);
+        }
+    }
+}
+
+fn run_until(w: Worker<Shm>, ctl: &Control, rx: u64) -> dataplane::worker::WorkerReport {
+    let stats = w.stats();
+    let h = std::thread::spawn(move || w.run());
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < Duration::from_secs(20) && stats.rx_msgs.get() < rx {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    ctl.stop_sources.store(true, Ordering::Release);
+    std::thread::sleep(Duration::from_millis(100));
+    ctl.stop.store(true, Ordering::Release);
+    h.join().unwrap().unwrap()
+}
+
+#[test]
+fn a_user_handler_between_stages_and_the_sink_counts_the_gaps() {
+    let (_ctx, _pd, _mr, pool, w, ctl) = setup_with("gaps", None, true);
+    let r = run_until(w, &ctl, 18_000);
+    let sink = r.stages.iter().find(|s| s.name == "sink").unwrap();
+    assert_eq!(sink.msgs_in, 9_000, "{r:?}");
+    assert_eq!(sink.report.gaps, 1_000);
+    assert_eq!(sink.report.duplicates, 0);
+    let user = r.stages.iter().find(|s| s.name == "drop").unwrap();
+    assert_eq!((user.msgs_in, user.msgs_out, user.dropped), (10_000, 9_000, 1_000));
+    assert!(sink.report.latency.as_ref().is_some_and(|h| h.len() == 9_000));
+    assert_eq!(pool.outstanding(), 0);
+}
+
+#[test]
+fn a_failed_pin_is_an_error_and_stops_the_pipeline() {
+    let (_ctx, _pd, _mr, pool, w, ctl) = setup("pin", Some(1 << 20));
+    let e = w.run().unwrap_err();
+    assert!(e.to_string().contains("cannot pin"), "{e}");
+    assert!(ctl.stop.load(Ordering::Acquire));
+    assert_eq!(pool.outstanding(), 0);
+}
+
+#[test]
+fn a_worker_thread_runs_until_stopped_and_returns_every_buffer() {
+    let (_ctx, _pd, _mr, pool, w, ctl) = setup("run", None);
+    let stats = w.stats();
+    let h = std::thread::spawn(move || w.run());
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(20));
+        if stats.rx_msgs.get() >= 20_000 {
+            break;
+        }
+    }
+    ctl.stop_sources.store(true, Ordering::Release);
+    std::thread::sleep(Duration::from_millis(100));
+    ctl.stop.store(true, Ordering::Release);
+    let r = h.join().unwrap().unwrap();
+    let sink = r.stages.iter().find(|s| s.name == "sink").unwrap();
+    assert_eq!(sink.msgs_in, 10_000, "every message came back: {r:?}");
+    assert_eq!(sink.report.gaps, 0);
+    assert_eq!(r.qps.iter().map(|q| q.doorbells).sum::<u64>(), r.doorbells);
+    assert!(r.doorbells < r.tx_msgs, "sends are batched ({} doorbells for {} msgs)", r.doorbells, r.tx_msgs);
+    assert_eq!(pool.outstanding(), 0, "no buffer leaked");
+}
