@@ -85,7 +85,13 @@ impl SqCell {
     }
 
     pub(crate) fn try_lock(&self) -> Option<SqGuard<'_>> {
-        (!self.busy.swap(true, Ordering::Acquire)).then_some(SqGuard { cell: self })
+        // Not `then_some(SqGuard { .. })`: that builds the guard even when the flag was
+        // already held, and dropping it would release the holder's lock.
+        if self.busy.swap(true, Ordering::Acquire) {
+            None
+        } else {
+            Some(SqGuard { cell: self })
+        }
     }
 
     /// Progress from a CQ poll: skipped if the owner is posting right now (it progresses
@@ -712,4 +718,40 @@ pub(crate) fn resolve_local(
         total += s.length as u64;
     }
     Ok((sges.len(), total))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::mem::HugePolicy;
+    use crate::shm::{Shm, ShmConfig};
+    use crate::verbs::{QpCaps, QpType};
+    use crate::{Context, Pd, Provider, QpInitAttr};
+    use std::sync::atomic::Ordering;
+
+    #[test]
+    fn failed_try_lock_keeps_the_holders_lock() {
+        let cfg = ShmConfig {
+            fabric: format!("unit-trylock-{}", std::process::id()),
+            size: 16 << 20,
+            huge: HugePolicy::Never,
+        };
+        let ctx = Shm::open(&cfg).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(8).unwrap();
+        let attr = QpInitAttr {
+            send_cq: &cq,
+            recv_cq: &cq,
+            srq: None,
+            cap: QpCaps::default(),
+            qp_type: QpType::Rc,
+            sq_sig_all: false,
+        };
+        let qp = pd.create_qp(&attr).unwrap();
+        let held = qp.sq.lock();
+        assert!(qp.sq.try_lock().is_none());
+        assert!(qp.sq.busy.load(Ordering::Relaxed), "a failed try_lock released the holder's lock");
+        drop(held);
+        assert!(qp.sq.try_lock().is_some());
+        assert!(!qp.sq.busy.load(Ordering::Relaxed));
+    }
 }
