@@ -46,3 +46,67 @@ mod shm {
     use super::*;
     include!("case_list.rs");
 }
+
+/// Runs the suite on the `rdma` provider, inside `tools/rxe-vm` (Soft-RoCE): node 0 opens the
+/// first device of `RXE_DEVS` (default `rxe0`), node 1 the second (default `rxe1`), port 1,
+/// GID index 1 (RoCE v2 over IPv4). Enabled only with `DP_CONFORMANCE_RDMA=1`; otherwise every
+/// case says NOT RUN.
+pub struct RdmaHarness;
+
+impl RdmaHarness {
+    fn enabled() -> bool {
+        std::env::var("DP_CONFORMANCE_RDMA").is_ok_and(|v| v == "1")
+    }
+}
+
+impl Harness for RdmaHarness {
+    type P = dataplane::rdma::Rdma;
+    fn config(_test: &str, node: usize) -> dataplane::rdma::RdmaConfig {
+        let devs = std::env::var("RXE_DEVS").unwrap_or_else(|_| "rxe0 rxe1".into());
+        let mut it = devs.split([' ', ',']).filter(|s| !s.is_empty());
+        let d0 = it.next().unwrap_or("rxe0").to_owned();
+        let d1 = it.next().map(str::to_owned).unwrap_or_else(|| d0.clone());
+        dataplane::rdma::RdmaConfig { device: Some(if node == 0 { d0 } else { d1 }), port: 1, gid_index: 1 }
+    }
+    fn gid_index() -> u8 {
+        1
+    }
+    fn unsupported(case: &str) -> Option<&'static str> {
+        if !Self::enabled() {
+            return Some("set DP_CONFORMANCE_RDMA=1 inside tools/rxe-vm (tools/rxe-vm/conformance.sh)");
+        }
+        rdma_unsupported(case)
+    }
+    fn sge_checked_at_post() -> bool {
+        false
+    }
+}
+
+/// Cases that cannot pass on rxe, with the reason.
+fn rdma_unsupported(case: &str) -> Option<&'static str> {
+    RDMA_UNSUPPORTED.iter().find(|(c, _)| *c == case).map(|(_, why)| *why)
+}
+
+/// Case name and why it cannot pass on the `rdma` provider over rxe.
+const RDMA_UNSUPPORTED: &[(&str, &str)] = &[];
+
+mod rdma {
+    use super::*;
+    // Shadows the crate-level `suite!` so that case_list.rs (written for ShmHarness)
+    // instantiates every case for RdmaHarness.
+    macro_rules! suite {
+        ($_shm:ty; $($case:ident),* $(,)?) => {
+            $(
+                #[test]
+                fn $case() {
+                    if let Some(why) = RdmaHarness::unsupported(stringify!($case)) {
+                        println!("conformance case {} NOT RUN on rdma: {why}", stringify!($case));
+                        return;
+                    }
+                    crate::cases::$case::<RdmaHarness>(stringify!($case));
+                }
+            )*
+        };
+    }
+    include!("case_list.rs");
+}
