@@ -614,10 +614,9 @@ impl RecvScratch {
         RecvScratch { wrs: vec![wr; wrs.max(1)], sges: vec![sge; sges.max(1)] }
     }
 
-    /// Fills the scratch from `chain` and returns the head of the linked list.
-    fn fill(&mut self, chain: &RecvChain) -> *mut sys::ibv_recv_wr {
-        let n = chain.len();
-        let nsge: usize = chain.wrs().iter().map(|w| w.num_sge()).sum();
+    /// Fills the scratch from the first `n` requests of `chain`; returns the list head.
+    fn fill(&mut self, chain: &RecvChain, n: usize) -> *mut sys::ibv_recv_wr {
+        let nsge: usize = chain.wrs()[..n].iter().map(|w| w.num_sge()).sum();
         if n > self.wrs.len() {
             // SAFETY: all-zero is valid (see `new`).
             self.wrs.resize(n, unsafe { std::mem::zeroed() });
@@ -629,7 +628,7 @@ impl RecvScratch {
         let wrs = self.wrs.as_mut_ptr();
         let sges = self.sges.as_mut_ptr();
         let mut s = 0;
-        for (i, (wr, list)) in chain.iter().enumerate() {
+        for (i, (wr, list)) in chain.iter().take(n).enumerate() {
             for (k, g) in list.iter().enumerate() {
                 self.sges[s + k] = sys::ibv_sge { addr: g.addr, length: g.length, lkey: g.lkey };
             }
@@ -651,13 +650,14 @@ impl RecvScratch {
     }
 }
 
-fn check_recv_chain(chain: &RecvChain, max_sge: u32) -> std::result::Result<(), PostError> {
-    for (i, wr) in chain.wrs().iter().enumerate() {
-        if wr.num_sge() > max_sge as usize {
-            return Err(PostError::new(Errno::EINVAL, i, "too many SGEs"));
-        }
-    }
-    Ok(())
+/// The first request of `chain` with more than `max_sge` SGEs, as the error to return after
+/// posting the requests before it.
+fn check_recv_chain(chain: &RecvChain, max_sge: u32) -> Option<PostError> {
+    chain
+        .wrs()
+        .iter()
+        .position(|wr| wr.num_sge() > max_sge as usize)
+        .map(|i| PostError::new(Errno::EINVAL, i, "too many SGEs"))
 }
 
 /// A shared receive queue of an `rdma` device.
@@ -678,8 +678,12 @@ impl crate::Srq for RdmaSrq {
         if chain.is_empty() {
             return Ok(());
         }
-        check_recv_chain(chain, self.max_sge)?;
-        let head = self.scratch.fill(chain);
+        let first_bad = check_recv_chain(chain, self.max_sge);
+        let n = first_bad.map_or(chain.len(), |e| e.bad_wr);
+        if n == 0 {
+            return first_bad.map_or(Ok(()), Err);
+        }
+        let head = self.scratch.fill(chain, n);
         let mut bad = ptr::null_mut();
         // SAFETY: the SRQ is live; the list is NULL-terminated and points into the scratch,
         // which outlives the call.
@@ -687,7 +691,7 @@ impl crate::Srq for RdmaSrq {
         if rc != 0 {
             return Err(PostError::new(Errno::from_raw(rc), self.scratch.index_of(bad), "ibv_post_srq_recv failed"));
         }
-        Ok(())
+        first_bad.map_or(Ok(()), Err)
     }
 
     fn modify(&mut self, attr: &SrqAttr, mask: SrqAttrMask) -> Result<()> {
@@ -828,12 +832,16 @@ impl crate::Pd<Rdma> for RdmaPd {
         let srq = unsafe { (self.inner.ctx.v.create_srq)(self.inner.pd.as_ptr(), &mut ia) };
         let srq = NonNull::new(srq).ok_or_else(|| os_err("ibv_create_srq"))?;
         let max_sge = ia.attr.max_sge.max(attr.max_sge);
-        Ok(RdmaSrq {
+        let mut srq = RdmaSrq {
             inner: Arc::new(SrqInner { pd: self.inner.clone(), srq }),
             max_wr: ia.attr.max_wr.max(attr.max_wr),
             max_sge,
             scratch: RecvScratch::new(16, 16 * max_sge as usize),
-        })
+        };
+        if let Ok(q) = crate::Srq::query(&srq) {
+            srq.max_wr = q.max_wr;
+        }
+        Ok(srq)
     }
 
     fn create_ah(&self, attr: &AhAttr) -> Result<RdmaAh> {
@@ -905,9 +913,9 @@ impl SendScratch {
         SendScratch { wrs: vec![wr; wrs.max(1)], sges: vec![sge; sges.max(1)] }
     }
 
-    fn fill(&mut self, chain: &SendChain) -> *mut sys::ibv_send_wr {
-        let n = chain.len();
-        let nsge: usize = chain.wrs().iter().map(|w| w.num_sge().max(1)).sum();
+    /// Fills the scratch from the first `n` requests of `chain`; returns the list head.
+    fn fill(&mut self, chain: &SendChain, n: usize) -> *mut sys::ibv_send_wr {
+        let nsge: usize = chain.wrs()[..n].iter().map(|w| w.num_sge().max(1)).sum();
         if n > self.wrs.len() {
             // SAFETY: all-zero is valid (see `new`).
             self.wrs.resize(n, unsafe { std::mem::zeroed() });
@@ -919,7 +927,7 @@ impl SendScratch {
         let wrs = self.wrs.as_mut_ptr();
         let sges = self.sges.as_mut_ptr();
         let mut s = 0;
-        for (i, wr) in chain.wrs().iter().enumerate() {
+        for (i, wr) in chain.wrs()[..n].iter().enumerate() {
             let (sg_list, num) = match chain.inline_of(wr) {
                 Some([]) => (ptr::null_mut(), 0),
                 Some(data) => {
@@ -986,6 +994,8 @@ pub struct RdmaQp {
     qpn: u32,
     caps: QpCaps,
     has_srq: bool,
+    /// Active MTU of the port at creation (the limit of a UD message).
+    mtu: u32,
     /// State as last set by `modify`; the device may have moved it to ERROR since (see
     /// [`crate::Qp::state`], which asks the device).
     state: QpState,
@@ -1042,6 +1052,7 @@ impl RdmaQp {
             qp_type,
             sq_sig_all: c_int::from(attr.sq_sig_all),
         };
+        let mtu = mtu_bytes(pd.ctx.port_attr(pd.ctx.port)?.active_mtu);
         // SAFETY: the PD, CQs and SRQ are live (their Arcs are held by the new QP).
         let qp = unsafe { (pd.ctx.v.create_qp)(pd.pd.as_ptr(), &mut ia) };
         let qp = NonNull::new(qp).ok_or_else(|| {
@@ -1071,6 +1082,7 @@ impl RdmaQp {
             qpn,
             caps: granted,
             has_srq: attr.srq.is_some(),
+            mtu,
             state: QpState::Reset,
             send: SendScratch::new(pre, pre * granted.max_send_sge.max(1) as usize),
             recv: RecvScratch::new(pre_r, pre_r * granted.max_recv_sge.max(1) as usize),
@@ -1079,6 +1091,46 @@ impl RdmaQp {
 
     fn ctx(&self) -> &CtxInner {
         &self.inner.pd.ctx
+    }
+
+    /// Why request `i` (`wr`) of `chain` must be refused at post time, if it must.
+    #[inline]
+    fn check_send(&self, chain: &SendChain, wr: &SendWr, i: usize) -> Option<PostError> {
+        let err = |why| Some(PostError::new(Errno::EINVAL, i, why));
+        if !wr.opcode.allowed_on(self.qp_type) {
+            return err("opcode not allowed on this QP type");
+        }
+        if matches!(wr.opcode, WrOpcode::LocalInv | WrOpcode::BindMw | WrOpcode::SendWithInv | WrOpcode::Tso) {
+            return Some(PostError::new(Errno::EOPNOTSUPP, i, "opcode not implemented by the rdma provider"));
+        }
+        if wr.flags.contains(SendFlags::IP_CSUM) && !self.ctx().caps.ip_csum {
+            return err("IP_CSUM without checksum offload");
+        }
+        let inline = chain.inline_of(wr);
+        if inline.is_none() && wr.num_sge() > self.caps.max_send_sge as usize {
+            return err("too many SGEs");
+        }
+        let len: u64 = match inline {
+            Some(d) => d.len() as u64,
+            None => chain.sges_of(wr).iter().map(|g| u64::from(g.length)).sum(),
+        };
+        if wr.flags.contains(SendFlags::INLINE) {
+            if !wr.opcode.inline_allowed() {
+                return err("INLINE is valid only for SEND and RDMA WRITE");
+            }
+            if len > u64::from(self.caps.max_inline_data) {
+                return err("inline data longer than max_inline_data");
+            }
+        }
+        if self.qp_type == QpType::Ud {
+            if wr.ud.ah.0 == 0 {
+                return err("UD send without an address handle");
+            }
+            if len > u64::from(self.mtu) {
+                return err("UD message longer than the path MTU");
+            }
+        }
+        None
     }
 }
 
@@ -1148,6 +1200,11 @@ impl crate::Qp for RdmaQp {
                 format!("QP {:#x}: transition {cur:?} -> {to:?} is not allowed", self.qpn),
             ));
         }
+        if cur == Reset && to == Error {
+            // The kernel's state table has no RESET -> ERROR; go through INIT.
+            self.modify(&QpAttr { state: Init, ..Default::default() })?;
+        }
+        let cur = if cur == Reset && to == Error { Init } else { cur };
         let ctx = self.ctx();
         // SAFETY: all-zero is a valid ibv_qp_attr.
         let mut a: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
@@ -1214,27 +1271,19 @@ impl crate::Qp for RdmaQp {
         if !self.state.accepts_post_send() {
             return Err(PostError::new(Errno::EINVAL, 0, "QP is not in RTS, SQD, SQE or ERROR"));
         }
+        // The first request that can be refused now; the ones before it are still posted.
+        let mut first_bad = None;
         for (i, wr) in chain.wrs().iter().enumerate() {
-            if !wr.opcode.allowed_on(self.qp_type) {
-                return Err(PostError::new(Errno::EINVAL, i, "opcode not allowed on this QP type"));
-            }
-            match chain.inline_of(wr) {
-                Some(d) if d.len() > self.caps.max_inline_data as usize => {
-                    return Err(PostError::new(Errno::EINVAL, i, "inline data too long"));
-                }
-                Some(_) if !wr.opcode.inline_allowed() => {
-                    return Err(PostError::new(Errno::EINVAL, i, "INLINE not valid for this opcode"));
-                }
-                None if wr.num_sge() > self.caps.max_send_sge as usize => {
-                    return Err(PostError::new(Errno::EINVAL, i, "too many SGEs"));
-                }
-                _ => {}
-            }
-            if self.qp_type == QpType::Ud && wr.ud.ah.0 == 0 {
-                return Err(PostError::new(Errno::EINVAL, i, "UD send without an address handle"));
+            if let Some(e) = self.check_send(chain, wr, i) {
+                first_bad = Some(e);
+                break;
             }
         }
-        let head = self.send.fill(chain);
+        let n = first_bad.map_or(chain.len(), |e| e.bad_wr);
+        if n == 0 {
+            return Err(first_bad.unwrap_or(PostError::new(Errno::EINVAL, 0, "empty chain")));
+        }
+        let head = self.send.fill(chain, n);
         let mut bad = ptr::null_mut();
         // SAFETY: the QP is live; the list is NULL-terminated and points into the scratch and
         // the chain (inline bytes), both alive for the call; AH pointers come from live
@@ -1243,7 +1292,7 @@ impl crate::Qp for RdmaQp {
         if rc != 0 {
             return Err(PostError::new(Errno::from_raw(rc), self.send.index_of(bad), "ibv_post_send failed"));
         }
-        Ok(())
+        first_bad.map_or(Ok(()), Err)
     }
 
     fn post_recv(&mut self, chain: &RecvChain) -> std::result::Result<(), PostError> {
@@ -1256,14 +1305,18 @@ impl crate::Qp for RdmaQp {
         if !self.state.accepts_post_recv() {
             return Err(PostError::new(Errno::EINVAL, 0, "QP is in RESET"));
         }
-        check_recv_chain(chain, self.caps.max_recv_sge)?;
-        let head = self.recv.fill(chain);
+        let first_bad = check_recv_chain(chain, self.caps.max_recv_sge);
+        let n = first_bad.map_or(chain.len(), |e| e.bad_wr);
+        if n == 0 {
+            return first_bad.map_or(Ok(()), Err);
+        }
+        let head = self.recv.fill(chain, n);
         let mut bad = ptr::null_mut();
         // SAFETY: the QP is live; the list is NULL-terminated and points into the scratch.
         let rc = unsafe { loader::post_recv(self.inner.qp.as_ptr(), head, &mut bad) };
         if rc != 0 {
             return Err(PostError::new(Errno::from_raw(rc), self.recv.index_of(bad), "ibv_post_recv failed"));
         }
-        Ok(())
+        first_bad.map_or(Ok(()), Err)
     }
 }
