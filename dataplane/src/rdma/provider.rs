@@ -73,12 +73,13 @@ fn mtu_bytes(m: sys::ibv_mtu) -> u32 {
     }
 }
 
+/// The largest path MTU that is at most `bytes` (256 at least).
 fn mtu_enum(bytes: u32) -> sys::ibv_mtu {
     match bytes {
-        0..=256 => sys::IBV_MTU_256,
-        257..=512 => sys::IBV_MTU_512,
-        513..=1024 => sys::IBV_MTU_1024,
-        1025..=2048 => sys::IBV_MTU_2048,
+        0..=511 => sys::IBV_MTU_256,
+        512..=1023 => sys::IBV_MTU_512,
+        1024..=2047 => sys::IBV_MTU_1024,
+        2048..=4095 => sys::IBV_MTU_2048,
         _ => sys::IBV_MTU_4096,
     }
 }
@@ -348,7 +349,7 @@ impl crate::Context<Rdma> for RdmaContext {
     }
 
     fn alloc_region(&self, len: usize) -> Result<RdmaRegion> {
-        Ok(RdmaRegion { inner: Arc::new(Region::anonymous(len, HugePolicy::default())?) })
+        Ok(RdmaRegion { inner: Arc::new(Region::anonymous(len, HugePolicy::default())?), len })
     }
 
     fn poll_async_event(&self) -> Option<AsyncEvent> {
@@ -395,6 +396,8 @@ impl crate::Context<Rdma> for RdmaContext {
 #[derive(Clone)]
 pub struct RdmaRegion {
     inner: Arc<Region>,
+    /// The length asked for (the mapping may be longer: rounded up to the page size).
+    len: usize,
 }
 
 impl RdmaRegion {
@@ -409,7 +412,7 @@ impl MemRegion for RdmaRegion {
         self.inner.as_ptr()
     }
     fn len(&self) -> usize {
-        self.inner.len()
+        self.len
     }
 }
 
@@ -1318,5 +1321,40 @@ impl crate::Qp for RdmaQp {
             return Err(PostError::new(Errno::from_raw(rc), self.recv.index_of(bad), "ibv_post_recv failed"));
         }
         first_bad.map_or(Ok(()), Err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Provider;
+
+    /// Without a device (these build machines: no InfiniBand in the kernel), `open` fails with
+    /// the same sentence as `list_devices`, never a panic.
+    #[test]
+    fn open_without_device_says_why() {
+        if let Err(e) = list_devices() {
+            let got = Rdma::open(&RdmaConfig::default()).err().expect("no device, but open succeeded");
+            assert_eq!(got, e);
+            let named = RdmaConfig { device: Some("nonexistent0".into()), ..Default::default() };
+            assert_eq!(Rdma::open(&named).err().map(|e| e.errno), Some(e.errno));
+        }
+    }
+
+    #[test]
+    fn mtu_conversions_round_trip() {
+        for b in [256, 512, 1024, 2048, 4096] {
+            assert_eq!(mtu_bytes(mtu_enum(b)), b);
+        }
+        assert_eq!(mtu_bytes(mtu_enum(1500)), 1024);
+        assert_eq!(mtu_bytes(0), 0);
+    }
+
+    #[test]
+    fn wc_opcodes_map_recv_values() {
+        assert_eq!(wc_opcode(sys::IBV_WC_RECV), WcOpcode::Recv);
+        assert_eq!(wc_opcode(sys::IBV_WC_RECV_RDMA_WITH_IMM), WcOpcode::RecvRdmaWithImm);
+        assert_eq!(wc_opcode(sys::IBV_WC_RDMA_READ), WcOpcode::RdmaRead);
+        assert_eq!(wc_opcode(9999), WcOpcode::Send);
     }
 }
