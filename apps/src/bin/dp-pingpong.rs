@@ -1,0 +1,194 @@
+//! `dp-pingpong`: the RC pingpong of rdma-core's `ibv_rc_pingpong`, on the `rdma` provider,
+//! with its flags and its out-of-band exchange ([`dataplane::conn`]), so either side can be
+//! rdma-core's program.
+//!
+//! Server: `dp-pingpong -d rxe1 -g 1`; client: `dp-pingpong -d rxe0 -g 1 SERVER`.
+//! Only RC for now (rdma-core's `ibv_srq_pingpong`/`ibv_ud_pingpong` are not mirrored yet).
+
+use clap::Parser;
+use dataplane::conn;
+use dataplane::rdma::{Rdma, RdmaConfig};
+use dataplane::verbs::*;
+use dataplane::{Context, Cq, Mr, Pd, Provider, Qp, QpInitAttr};
+use std::net::TcpListener;
+use std::time::Instant;
+
+#[derive(Parser, Debug)]
+#[command(about = "RC pingpong compatible with rdma-core's ibv_rc_pingpong")]
+struct Args {
+    /// TCP port of the exchange.
+    #[arg(short = 'p', long, default_value_t = 18515)]
+    port: u16,
+    /// RDMA device (default: the first one).
+    #[arg(short = 'd', long = "ib-dev")]
+    ib_dev: Option<String>,
+    /// Port of the device.
+    #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
+    ib_port: u8,
+    /// GID index (RoCE needs one; on rxe, 1 is RoCE v2 over IPv4).
+    #[arg(short = 'g', long = "gid-idx", default_value_t = 0)]
+    gid_idx: u8,
+    /// Message size in bytes.
+    #[arg(short = 's', long, default_value_t = 4096)]
+    size: u32,
+    /// Path MTU in bytes (256..4096; the port's active MTU if larger).
+    #[arg(short = 'm', long, default_value_t = 1024)]
+    mtu: u32,
+    /// Receives kept posted.
+    #[arg(short = 'r', long = "rx-depth", default_value_t = 500)]
+    rx_depth: u32,
+    /// Round trips.
+    #[arg(short = 'n', long, default_value_t = 1000)]
+    iters: u64,
+    /// Server to connect to (none: be the server).
+    server: Option<String>,
+}
+
+const RECV_WRID: u64 = 1;
+const SEND_WRID: u64 = 2;
+
+fn run(a: &Args) -> Result<()> {
+    if a.size == 0 || a.rx_depth == 0 || a.iters == 0 {
+        return Err(Error::new(Errno::EINVAL, "size, rx-depth and iters must be > 0"));
+    }
+    let ctx = Rdma::open(&RdmaConfig { device: a.ib_dev.clone(), port: a.ib_port, gid_index: a.gid_idx })?;
+    let pd = ctx.alloc_pd()?;
+    let region = ctx.alloc_region(a.size as usize)?;
+    let mr = pd.reg_mr(&region, 0, a.size as usize, AccessFlags::LOCAL_WRITE)?;
+    let depth = a.rx_depth + 1;
+    let mut cq = ctx.create_cq(depth)?;
+    let cap = QpCaps { max_send_wr: 1, max_recv_wr: a.rx_depth, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+    let mut qp = pd.create_qp(&QpInitAttr {
+        send_cq: &cq,
+        recv_cq: &cq,
+        srq: None,
+        cap,
+        qp_type: QpType::Rc,
+        sq_sig_all: false,
+    })?;
+    qp.modify(&QpAttr { state: QpState::Init, port_num: a.ib_port, ..Default::default() })?;
+    let sge = Sge::new(mr.addr(), a.size, mr.lkey());
+    let recv = RecvChain::one(RECV_WRID, &[sge]);
+    for _ in 0..a.rx_depth {
+        qp.post_recv(&recv).map_err(|e| Error::new(e.errno, format!("post_recv: {e}")))?;
+    }
+    let psn = std::process::id() & 0xff_ffff;
+    let mut local = qp.endpoint(a.gid_idx)?;
+    local.psn = psn;
+    println!(
+        "  local address:  LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
+        local.lid,
+        local.qpn,
+        local.psn,
+        gid_str(&local.gid)
+    );
+    let connect = |qp: &mut <Rdma as Provider>::Qp, r: &Endpoint| -> Result<()> {
+        let global = r.gid != [0; 16];
+        let ah = AhAttr {
+            dlid: r.lid,
+            is_global: global,
+            dgid: r.gid,
+            sgid_index: a.gid_idx,
+            hop_limit: 1,
+            port_num: a.ib_port,
+            ..Default::default()
+        };
+        qp.modify(&QpAttr {
+            state: QpState::Rtr,
+            path_mtu: a.mtu,
+            dest_qp_num: r.qpn,
+            rq_psn: r.psn,
+            max_dest_rd_atomic: 1,
+            min_rnr_timer: 12,
+            ah,
+            ..Default::default()
+        })?;
+        qp.modify(&QpAttr {
+            state: QpState::Rts,
+            sq_psn: psn,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            max_rd_atomic: 1,
+            ..Default::default()
+        })
+    };
+    let remote = match &a.server {
+        Some(host) => {
+            let r = conn::client_exchange(host, a.port, &local)?;
+            connect(&mut qp, &r)?;
+            r
+        }
+        None => {
+            let l = TcpListener::bind(("0.0.0.0", a.port))
+                .map_err(|e| Error::new(Errno::EIO, format!("cannot listen on port {}: {e}", a.port)))?;
+            conn::server_exchange(&l, &local, |r| connect(&mut qp, r))?
+        }
+    };
+    println!(
+        "  remote address: LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
+        remote.lid,
+        remote.qpn,
+        remote.psn,
+        gid_str(&remote.gid)
+    );
+
+    let send = SendChain::one(SendWr::send(SEND_WRID).signaled(), &[sge]);
+    let start = Instant::now();
+    let (mut scnt, mut rcnt) = (0u64, 0u64);
+    let mut posted_recvs = a.rx_depth;
+    let mut pending = RECV_WRID;
+    if a.server.is_some() {
+        qp.post_send(&send).map_err(|e| Error::new(e.errno, format!("post_send: {e}")))?;
+        pending |= SEND_WRID;
+    }
+    let mut wc = [WorkCompletion::default(); 2];
+    while rcnt < a.iters || scnt < a.iters {
+        let n = cq.poll(&mut wc)?;
+        for w in &wc[..n] {
+            if w.status != WcStatus::Success {
+                return Err(Error::new(
+                    Errno::EIO,
+                    format!("completion with status {} for wr_id {}", w.status.as_str(), w.wr_id),
+                ));
+            }
+            match w.wr_id {
+                SEND_WRID => scnt += 1,
+                RECV_WRID => {
+                    rcnt += 1;
+                    posted_recvs -= 1;
+                    if posted_recvs < a.rx_depth / 2 + 1 {
+                        while posted_recvs < a.rx_depth {
+                            qp.post_recv(&recv).map_err(|e| Error::new(e.errno, format!("post_recv: {e}")))?;
+                            posted_recvs += 1;
+                        }
+                    }
+                }
+                other => return Err(Error::new(Errno::EIO, format!("completion for unknown wr_id {other}"))),
+            }
+            pending &= !w.wr_id;
+            if pending == 0 && scnt < a.iters {
+                qp.post_send(&send).map_err(|e| Error::new(e.errno, format!("post_send: {e}")))?;
+                pending = RECV_WRID | SEND_WRID;
+            }
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let bytes = a.size as u64 * a.iters * 2;
+    println!("{bytes} bytes in {secs:.2} seconds = {:.2} Mbit/sec", bytes as f64 * 8.0 / secs / 1e6);
+    println!("{} iters in {secs:.2} seconds = {:.2} usec/iter", a.iters, secs * 1e6 / a.iters as f64);
+    drop(qp);
+    Ok(())
+}
+
+fn gid_str(g: &[u8; 16]) -> String {
+    g.chunks(2).map(|c| format!("{:02x}{:02x}", c[0], c[1])).collect::<Vec<_>>().join(":")
+}
+
+fn main() {
+    let args = Args::parse();
+    if let Err(e) = run(&args) {
+        eprintln!("dp-pingpong: {e}");
+        std::process::exit(1);
+    }
+}
