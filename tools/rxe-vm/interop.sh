@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Inside tools/rxe-vm: dp-pingpong against rdma-core's ibv_rc_pingpong, both directions, plus
-# dp-pingpong against itself. Prints one ok/FAIL line per pairing; exit status = failures.
+# Inside tools/rxe-vm: dp-pingpong against rdma-core's ibv_rc_pingpong and ibv_ud_pingpong, both
+# directions, plus dp-pingpong against itself. Prints one ok/FAIL line per pairing; exit status = failures.
 #   tools/rxe-vm/rxe-vm -- tools/rxe-vm/interop.sh [target/debug/dp-pingpong]
 set -u
 DP=${1:-target/debug/dp-pingpong}
@@ -11,7 +11,7 @@ fails=0
 pairing() { # name server-cmd client-cmd
   local name=$1 srv=$2 cli=$3 port=$((18515 + RANDOM % 1000))
   $srv -p $port >/tmp/srv.$$ 2>&1 & local sp=$!
-  sleep 1
+  for _ in $(seq 100); do ss -ltn 2>/dev/null | grep -q ":$port " && break; sleep 0.2; done
   if timeout 60 $cli -p $port $IP_B >/tmp/cli.$$ 2>&1 && wait $sp; then
     echo "ok   $name: $(grep usec/iter /tmp/cli.$$ | head -1)"
   else
@@ -23,4 +23,6 @@ pairing() { # name server-cmd client-cmd
 pairing "dp server  <- ibv_rc_pingpong client" "$DP -d rxe1 -g $G -n $N" "ibv_rc_pingpong -d rxe0 -g $G -n $N"
 pairing "ibv_rc_pingpong server <- dp client" "ibv_rc_pingpong -d rxe1 -g $G -n $N" "$DP -d rxe0 -g $G -n $N"
 pairing "dp server  <- dp client" "$DP -d rxe1 -g $G -n $N" "$DP -d rxe0 -g $G -n $N"
+pairing "dp --ud server <- ibv_ud_pingpong client" "$DP --ud -s 512 -d rxe1 -g $G -n $N" "ibv_ud_pingpong -s 512 -d rxe0 -g $G -n $N"
+pairing "ibv_ud_pingpong server <- dp --ud client" "ibv_ud_pingpong -s 512 -d rxe1 -g $G -n $N" "$DP --ud -s 512 -d rxe0 -g $G -n $N"
 exit $fails

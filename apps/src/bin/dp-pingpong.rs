@@ -3,7 +3,7 @@
 //! rdma-core's program.
 //!
 //! Server: `dp-pingpong -d rxe1 -g 1`; client: `dp-pingpong -d rxe0 -g 1 SERVER`.
-//! Only RC for now (rdma-core's `ibv_srq_pingpong`/`ibv_ud_pingpong` are not mirrored yet).
+//! RC, or UD with `--ud` (against `ibv_ud_pingpong`); the SRQ variant is not mirrored yet.
 
 use clap::Parser;
 use dataplane::conn;
@@ -40,12 +40,18 @@ struct Args {
     /// Round trips.
     #[arg(short = 'n', long, default_value_t = 1000)]
     iters: u64,
+    /// UD instead of RC, compatible with `ibv_ud_pingpong` (Q_Key 0x11111111, receives with a
+    /// 40-byte GRH area in front of the payload; the size must fit the port MTU).
+    #[arg(long)]
+    ud: bool,
     /// Server to connect to (none: be the server).
     server: Option<String>,
 }
 
 const RECV_WRID: u64 = 1;
 const SEND_WRID: u64 = 2;
+/// Q_Key of `ibv_ud_pingpong`.
+const UD_QKEY: u32 = 0x1111_1111;
 
 fn run(a: &Args) -> Result<()> {
     if a.size == 0 || a.rx_depth == 0 || a.iters == 0 {
@@ -53,8 +59,10 @@ fn run(a: &Args) -> Result<()> {
     }
     let ctx = Rdma::open(&RdmaConfig { device: a.ib_dev.clone(), port: a.ib_port, gid_index: a.gid_idx })?;
     let pd = ctx.alloc_pd()?;
-    let region = ctx.alloc_region(a.size as usize)?;
-    let mr = pd.reg_mr(&region, 0, a.size as usize, AccessFlags::LOCAL_WRITE)?;
+    let grh = if a.ud { GRH_LEN as u32 } else { 0 };
+    let buf_len = (a.size + grh) as usize;
+    let region = ctx.alloc_region(buf_len)?;
+    let mr = pd.reg_mr(&region, 0, buf_len, AccessFlags::LOCAL_WRITE)?;
     let depth = a.rx_depth + 1;
     let mut cq = ctx.create_cq(depth)?;
     let cap = QpCaps { max_send_wr: 1, max_recv_wr: a.rx_depth, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
@@ -63,16 +71,20 @@ fn run(a: &Args) -> Result<()> {
         recv_cq: &cq,
         srq: None,
         cap,
-        qp_type: QpType::Rc,
+        qp_type: if a.ud { QpType::Ud } else { QpType::Rc },
         sq_sig_all: false,
     })?;
-    qp.modify(&QpAttr { state: QpState::Init, port_num: a.ib_port, ..Default::default() })?;
-    let sge = Sge::new(mr.addr(), a.size, mr.lkey());
-    let recv = RecvChain::one(RECV_WRID, &[sge]);
+    qp.modify(&QpAttr { state: QpState::Init, port_num: a.ib_port, qkey: UD_QKEY, ..Default::default() })?;
+    let sge = Sge::new(mr.addr() + u64::from(grh), a.size, mr.lkey());
+    let recv = RecvChain::one(RECV_WRID, &[Sge::new(mr.addr(), a.size + grh, mr.lkey())]);
     for _ in 0..a.rx_depth {
         qp.post_recv(&recv).map_err(|e| Error::new(e.errno, format!("post_recv: {e}")))?;
     }
     let psn = std::process::id() & 0xff_ffff;
+    if a.ud {
+        qp.modify(&QpAttr { state: QpState::Rtr, ..Default::default() })?;
+        qp.modify(&QpAttr { state: QpState::Rts, sq_psn: psn, ..Default::default() })?;
+    }
     let mut local = qp.endpoint(a.gid_idx)?;
     local.psn = psn;
     println!(
@@ -82,7 +94,19 @@ fn run(a: &Args) -> Result<()> {
         local.psn,
         gid_str(&local.gid)
     );
+    let ah_attr = |r: &Endpoint| AhAttr {
+        dlid: r.lid,
+        is_global: r.gid != [0; 16],
+        dgid: r.gid,
+        sgid_index: a.gid_idx,
+        hop_limit: 1,
+        port_num: a.ib_port,
+        ..Default::default()
+    };
     let connect = |qp: &mut <Rdma as Provider>::Qp, r: &Endpoint| -> Result<()> {
+        if a.ud {
+            return Ok(());
+        }
         let global = r.gid != [0; 16];
         let ah = AhAttr {
             dlid: r.lid,
@@ -133,7 +157,12 @@ fn run(a: &Args) -> Result<()> {
         gid_str(&remote.gid)
     );
 
-    let send = SendChain::one(SendWr::send(SEND_WRID).signaled(), &[sge]);
+    let ah = if a.ud { Some(pd.create_ah(&ah_attr(&remote))?) } else { None };
+    let mut wr = SendWr::send(SEND_WRID).signaled();
+    if let Some(ah) = &ah {
+        wr = wr.to(dataplane::Ah::handle(ah), remote.qpn, UD_QKEY);
+    }
+    let send = SendChain::one(wr, &[sge]);
     let start = Instant::now();
     let (mut scnt, mut rcnt) = (0u64, 0u64);
     let mut posted_recvs = a.rx_depth;
@@ -178,6 +207,7 @@ fn run(a: &Args) -> Result<()> {
     println!("{bytes} bytes in {secs:.2} seconds = {:.2} Mbit/sec", bytes as f64 * 8.0 / secs / 1e6);
     println!("{} iters in {secs:.2} seconds = {:.2} usec/iter", a.iters, secs * 1e6 / a.iters as f64);
     drop(qp);
+    drop(ah);
     Ok(())
 }
 
