@@ -74,6 +74,12 @@ fn io_err(what: &str, e: std::io::Error) -> Error {
 /// Client side: connects to `host:port`, sends `local`, returns the server's endpoint, and
 /// sends `done`.
 pub fn client_exchange(host: &str, port: u16, local: &Endpoint) -> Result<Endpoint> {
+    Ok(client_exchange_many(host, port, std::slice::from_ref(local))?[0])
+}
+
+/// Client side for several QPs (`ibv_srq_pingpong`): sends one message per endpoint of
+/// `locals`, reads as many from the server, then sends `done`.
+pub fn client_exchange_many(host: &str, port: u16, locals: &[Endpoint]) -> Result<Vec<Endpoint>> {
     let addrs = (host, port)
         .to_socket_addrs()
         .map_err(|e| Error::new(Errno::EINVAL, format!("cannot resolve {host}:{port}: {e}")))?;
@@ -92,12 +98,22 @@ pub fn client_exchange(host: &str, port: u16, local: &Endpoint) -> Result<Endpoi
         let e = last.map_or_else(|| "no address".to_owned(), |e| e.to_string());
         Error::new(Errno::EIO, format!("cannot connect to {host}:{port}: {e}"))
     })?;
-    s.write_all(&encode(local)).map_err(|e| io_err("sending the connection message", e))?;
-    let mut buf = [0u8; MSG_LEN];
-    s.read_exact(&mut buf).map_err(|e| io_err("reading the server's connection message", e))?;
-    let remote = decode(&buf)?;
+    for l in locals {
+        s.write_all(&encode(l)).map_err(|e| io_err("sending the connection message", e))?;
+    }
+    let remotes = read_many(&mut s, locals.len(), "reading the server's connection message")?;
     s.write_all(b"done\0").map_err(|e| io_err("sending done", e))?;
-    Ok(remote)
+    Ok(remotes)
+}
+
+fn read_many(s: &mut TcpStream, n: usize, what: &str) -> Result<Vec<Endpoint>> {
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut buf = [0u8; MSG_LEN];
+        s.read_exact(&mut buf).map_err(|e| io_err(what, e))?;
+        out.push(decode(&buf)?);
+    }
+    Ok(out)
 }
 
 /// Server side: accepts one client on `listener`, reads its endpoint, calls `connect` with it
@@ -108,18 +124,28 @@ pub fn server_exchange(
     local: &Endpoint,
     connect: impl FnOnce(&Endpoint) -> Result<()>,
 ) -> Result<Endpoint> {
+    Ok(server_exchange_many(listener, std::slice::from_ref(local), |r| connect(&r[0]))?[0])
+}
+
+/// Server side for several QPs: reads one message per endpoint of `locals`, calls `connect`
+/// with them, sends `locals`, and waits for `done`.
+pub fn server_exchange_many(
+    listener: &TcpListener,
+    locals: &[Endpoint],
+    connect: impl FnOnce(&[Endpoint]) -> Result<()>,
+) -> Result<Vec<Endpoint>> {
     let (mut s, _) = listener.accept().map_err(|e| io_err("accepting the client", e))?;
-    let mut buf = [0u8; MSG_LEN];
-    s.read_exact(&mut buf).map_err(|e| io_err("reading the client's connection message", e))?;
-    let remote = decode(&buf)?;
-    connect(&remote)?;
-    s.write_all(&encode(local)).map_err(|e| io_err("sending the connection message", e))?;
+    let remotes = read_many(&mut s, locals.len(), "reading the client's connection message")?;
+    connect(&remotes)?;
+    for l in locals {
+        s.write_all(&encode(l)).map_err(|e| io_err("sending the connection message", e))?;
+    }
     let mut done = [0u8; 5];
     s.read_exact(&mut done).map_err(|e| io_err("waiting for done", e))?;
     if &done[..4] != b"done" {
         return Err(bad(&done, "expected done"));
     }
-    Ok(remote)
+    Ok(remotes)
 }
 
 #[cfg(test)]
@@ -158,6 +184,8 @@ mod tests {
         let port = l.local_addr().unwrap().port();
         let t = std::thread::spawn(move || {
             let (mut s, _) = l.accept().unwrap();
+            let mut m = [0u8; MSG_LEN];
+            s.read_exact(&mut m).unwrap();
             let _ = s.write_all(b"0001:");
         });
         let e = client_exchange("127.0.0.1", port, &Endpoint::default()).unwrap_err();
