@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Inside tools/rxe-vm: dp-pingpong against rdma-core's ibv_rc_pingpong and ibv_ud_pingpong, both
-# directions, plus dp-pingpong against itself. Prints one ok/FAIL line per pairing; exit status = failures.
+# Inside tools/rxe-vm: dp-pingpong against rdma-core's ibv_rc_pingpong, ibv_ud_pingpong and
+# ibv_srq_pingpong, both directions, plus dp-pingpong against itself. Prints one ok/FAIL line
+# per pairing; exit status = number of failures. ~1-3 min under TCG.
 #   tools/rxe-vm/rxe-vm -- tools/rxe-vm/interop.sh [target/debug/dp-pingpong]
 set -u
 DP=${1:-target/debug/dp-pingpong}
@@ -16,7 +17,7 @@ pairing() { # name server-cmd client-cmd
     echo "ok   $name: $(grep usec/iter /tmp/cli.$$ | head -1)"
   else
     kill $sp 2>/dev/null; wait $sp 2>/dev/null
-    echo "FAIL $name"; sed 's/^/  server: /' /tmp/srv.$$; sed 's/^/  client: /' /tmp/cli.$$
+    echo "FAIL $name"; tail -5 /tmp/srv.$$ | sed 's/^/  server: /' /tmp/srv.$$; tail -5 /tmp/cli.$$ | sed 's/^/  client: /'
     fails=$((fails + 1))
   fi
 }
@@ -25,4 +26,6 @@ pairing "ibv_rc_pingpong server <- dp client" "ibv_rc_pingpong -d rxe1 -g $G -n 
 pairing "dp server  <- dp client" "$DP -d rxe1 -g $G -n $N" "$DP -d rxe0 -g $G -n $N"
 pairing "dp --ud server <- ibv_ud_pingpong client" "$DP --ud -s 512 -d rxe1 -g $G -n $N" "ibv_ud_pingpong -s 512 -d rxe0 -g $G -n $N"
 pairing "ibv_ud_pingpong server <- dp --ud client" "ibv_ud_pingpong -s 512 -d rxe1 -g $G -n $N" "$DP --ud -s 512 -d rxe0 -g $G -n $N"
+pairing "dp --srq server <- ibv_srq_pingpong client" "$DP --srq -d rxe1 -g $G -n $N" "ibv_srq_pingpong -d rxe0 -g $G -n $N"
+pairing "ibv_srq_pingpong server <- dp --srq client" "ibv_srq_pingpong -d rxe1 -g $G -n $N" "$DP --srq -d rxe0 -g $G -n $N"
 exit $fails
