@@ -649,7 +649,7 @@ impl RecvScratch {
 
     fn index_of(&self, bad: *mut sys::ibv_recv_wr) -> usize {
         let base = self.wrs.as_ptr() as usize;
-        (bad as usize).saturating_sub(base) / std::mem::size_of::<sys::ibv_recv_wr>()
+        ((bad as usize).saturating_sub(base) / std::mem::size_of::<sys::ibv_recv_wr>()).min(self.wrs.len())
     }
 }
 
@@ -986,7 +986,7 @@ impl SendScratch {
 
     fn index_of(&self, bad: *mut sys::ibv_send_wr) -> usize {
         let base = self.wrs.as_ptr() as usize;
-        (bad as usize).saturating_sub(base) / std::mem::size_of::<sys::ibv_send_wr>()
+        ((bad as usize).saturating_sub(base) / std::mem::size_of::<sys::ibv_send_wr>()).min(self.wrs.len())
     }
 }
 
