@@ -13,6 +13,7 @@
 
 #![warn(missing_docs)]
 
+pub mod conn;
 pub mod mem;
 pub mod pipeline;
 pub mod provider;

@@ -19,8 +19,10 @@
 
 pub mod device;
 pub mod loader;
+mod provider;
 #[allow(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
 pub mod sys;
 
 pub use device::{list_devices, open_device_by_name, DeviceContext, DeviceInfo};
 pub use loader::{verbs, Verbs, LIBRARY};
+pub use provider::{Rdma, RdmaAh, RdmaConfig, RdmaContext, RdmaCq, RdmaMr, RdmaPd, RdmaQp, RdmaRegion, RdmaSrq};

@@ -504,6 +504,10 @@ pub fn send_sge_outside_mr_einval<H: Harness>(t: &str) {
     {
         expect_bad_local_sge(&mut p, &SendChain::one(SendWr::send(i as u64).signaled(), &[sge]));
     }
+    if !H::sge_checked_at_post() {
+        // The pair was reconnected through RESET, which discarded the posted receive.
+        recv(&mut p.qb, &p.b, 2, RX, 8192);
+    }
     // Exactly the MR is fine.
     p.qa.post_send(&SendChain::one(SendWr::send(9).signaled(), &[Sge::new(sub.addr(), 4096, k)])).unwrap();
     assert_eq!(poll_one(&mut p.b.rcq).byte_len, 4096);

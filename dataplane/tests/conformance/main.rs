@@ -47,3 +47,99 @@ mod shm {
     use super::*;
     include!("case_list.rs");
 }
+
+/// Runs the suite on the `rdma` provider, inside `tools/rxe-vm` (Soft-RoCE): node 0 opens the
+/// first device of `RXE_DEVS` (default `rxe0`), node 1 the second (default `rxe1`), port 1,
+/// GID index 1 (RoCE v2 over IPv4). Enabled only with `DP_CONFORMANCE_RDMA=1`; otherwise every
+/// case says NOT RUN.
+pub struct RdmaHarness;
+
+impl RdmaHarness {
+    fn enabled() -> bool {
+        std::env::var("DP_CONFORMANCE_RDMA").is_ok_and(|v| v == "1")
+    }
+}
+
+impl Harness for RdmaHarness {
+    type P = dataplane::rdma::Rdma;
+    fn config(_test: &str, node: usize) -> dataplane::rdma::RdmaConfig {
+        let devs = std::env::var("RXE_DEVS").unwrap_or_else(|_| "rxe0 rxe1".into());
+        let mut it = devs.split([' ', ',']).filter(|s| !s.is_empty());
+        let d0 = it.next().unwrap_or("rxe0").to_owned();
+        let d1 = it.next().map(str::to_owned).unwrap_or_else(|| d0.clone());
+        dataplane::rdma::RdmaConfig { device: Some(if node == 0 { d0 } else { d1 }), port: 1, gid_index: 1 }
+    }
+    fn gid_index() -> u8 {
+        1
+    }
+    fn unsupported(case: &str) -> Option<&'static str> {
+        if !Self::enabled() {
+            return Some("set DP_CONFORMANCE_RDMA=1 inside tools/rxe-vm (tools/rxe-vm/conformance.sh)");
+        }
+        rdma_unsupported(case)
+    }
+    fn sge_checked_at_post() -> bool {
+        false
+    }
+}
+
+/// Cases that cannot pass on rxe, with the reason.
+fn rdma_unsupported(case: &str) -> Option<&'static str> {
+    RDMA_UNSUPPORTED.iter().find(|(c, _)| *c == case).map(|(_, why)| *why)
+}
+
+/// Case name and why it cannot pass on the `rdma` provider over rxe.
+const RDMA_UNSUPPORTED: &[(&str, &str)] = &[
+    (
+        "ud_grh_and_offset",
+        "RoCE v2 over IPv4 (rxe GID index 1) puts the IPv4 header in bytes 20..40 of the 40-byte GRH area, \
+         not a GRH with the source GID",
+    ),
+    (
+        "recv_buffer_too_small",
+        "rxe completes the sender with REM_OP_ERR where ibv_poll_cq(3) and mlx5 give REM_INV_REQ_ERR",
+    ),
+    (
+        "flush_after_peer_error_keeps_order",
+        "rxe completes the sender with REM_OP_ERR where ibv_poll_cq(3) and mlx5 give REM_INV_REQ_ERR",
+    ),
+    (
+        "srq_zero_sge_request_takes_only_empty_message",
+        "rxe completes the sender with REM_OP_ERR where ibv_poll_cq(3) and mlx5 give REM_INV_REQ_ERR",
+    ),
+    ("ud_recv_too_small_len_err", "rxe completes a too-small UD receive with LOC_QP_OP_ERR, not LOC_LEN_ERR"),
+    (
+        "modify_to_error_flushes_recvs",
+        "rxe (Linux 6.1) flushes only the receives queued when the QP enters ERROR; one posted later never \
+         completes",
+    ),
+    (
+        "send_queue_full_enomem",
+        "rxe rounds its send queue up to a power of two, so it is not full at the granted max_send_wr",
+    ),
+    (
+        "recv_queue_full_enomem",
+        "rxe rounds its receive queue up to a power of two, so it is not full at the granted max_recv_wr",
+    ),
+];
+
+mod rdma {
+    use super::*;
+    // Shadows the crate-level `suite!` so that case_list.rs (written for ShmHarness)
+    // instantiates every case for RdmaHarness.
+    macro_rules! suite {
+        ($_shm:ty; $($case:ident),* $(,)?) => {
+            $(
+                #[test]
+                fn $case() {
+                    if let Some(why) = RdmaHarness::unsupported(stringify!($case)) {
+                        println!("conformance case {} NOT RUN on rdma: {why}", stringify!($case));
+                        return;
+                    }
+                    crate::cases::$case::<RdmaHarness>(stringify!($case));
+                }
+            )*
+        };
+    }
+    include!("case_list.rs");
+}

@@ -1,0 +1,266 @@
+//! `dp-pingpong`: the RC pingpong of rdma-core's `ibv_rc_pingpong`, on the `rdma` provider,
+//! with its flags and its out-of-band exchange ([`dataplane::conn`]), so either side can be
+//! rdma-core's program.
+//!
+//! Server: `dp-pingpong -d rxe1 -g 1`; client: `dp-pingpong -d rxe0 -g 1 SERVER`.
+//! RC, UD with `--ud` (against `ibv_ud_pingpong`), or `-q` RC QPs on one SRQ with `--srq`
+//! (against `ibv_srq_pingpong`).
+
+use clap::Parser;
+use dataplane::conn;
+use dataplane::rdma::{Rdma, RdmaConfig};
+use dataplane::verbs::*;
+use dataplane::{Context, Cq, Mr, Pd, Provider, Qp, QpInitAttr, Srq};
+use std::net::TcpListener;
+use std::time::Instant;
+
+#[derive(Parser, Debug)]
+#[command(about = "RC pingpong compatible with rdma-core's ibv_rc_pingpong")]
+struct Args {
+    /// TCP port of the exchange.
+    #[arg(short = 'p', long, default_value_t = 18515)]
+    port: u16,
+    /// RDMA device (default: the first one).
+    #[arg(short = 'd', long = "ib-dev")]
+    ib_dev: Option<String>,
+    /// Port of the device.
+    #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
+    ib_port: u8,
+    /// GID index (RoCE needs one; on rxe, 1 is RoCE v2 over IPv4).
+    #[arg(short = 'g', long = "gid-idx", default_value_t = 0)]
+    gid_idx: u8,
+    /// Message size in bytes.
+    #[arg(short = 's', long, default_value_t = 4096)]
+    size: u32,
+    /// Path MTU in bytes (256..4096; the port's active MTU if larger).
+    #[arg(short = 'm', long, default_value_t = 1024)]
+    mtu: u32,
+    /// Receives kept posted.
+    #[arg(short = 'r', long = "rx-depth", default_value_t = 500)]
+    rx_depth: u32,
+    /// Round trips.
+    #[arg(short = 'n', long, default_value_t = 1000)]
+    iters: u64,
+    /// UD instead of RC, compatible with `ibv_ud_pingpong` (Q_Key 0x11111111, receives with a
+    /// 40-byte GRH area in front of the payload; the size must fit the port MTU).
+    #[arg(long, conflicts_with = "srq")]
+    ud: bool,
+    /// RC QPs sharing one SRQ, compatible with `ibv_srq_pingpong` (`-q` QPs).
+    #[arg(long)]
+    srq: bool,
+    /// Number of QPs with `--srq`.
+    #[arg(short = 'q', long = "num-qp", default_value_t = 16)]
+    num_qp: u32,
+    /// Server to connect to (none: be the server).
+    server: Option<String>,
+}
+
+const RECV_WRID: u64 = 1;
+const SEND_WRID: u64 = 2;
+/// Connection messages `ibv_srq_pingpong` exchanges whatever its `-q` (its `MAX_QP`).
+const SRQ_PP_MSGS: usize = 256;
+/// Q_Key of `ibv_ud_pingpong`.
+const UD_QKEY: u32 = 0x1111_1111;
+
+fn run(a: &Args) -> Result<()> {
+    if a.size == 0 || a.rx_depth == 0 || a.iters == 0 {
+        return Err(Error::new(Errno::EINVAL, "size, rx-depth and iters must be > 0"));
+    }
+    let ctx = Rdma::open(&RdmaConfig { device: a.ib_dev.clone(), port: a.ib_port, gid_index: a.gid_idx })?;
+    let pd = ctx.alloc_pd()?;
+    let grh = if a.ud { GRH_LEN as u32 } else { 0 };
+    let buf_len = (a.size + grh) as usize;
+    let region = ctx.alloc_region(buf_len)?;
+    let mr = pd.reg_mr(&region, 0, buf_len, AccessFlags::LOCAL_WRITE)?;
+    let nq = if a.srq { a.num_qp.clamp(1, SRQ_PP_MSGS as u32) as usize } else { 1 };
+    let mut cq = ctx.create_cq(a.rx_depth + nq as u32)?;
+    let mut srq =
+        if a.srq { Some(pd.create_srq(&SrqAttr { max_wr: a.rx_depth, max_sge: 1, srq_limit: 0 })?) } else { None };
+    let cap = QpCaps {
+        max_send_wr: 1,
+        max_recv_wr: if a.srq { 0 } else { a.rx_depth },
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let mut qps = Vec::with_capacity(nq);
+    for _ in 0..nq {
+        let mut qp = pd.create_qp(&QpInitAttr {
+            send_cq: &cq,
+            recv_cq: &cq,
+            srq: srq.as_ref(),
+            cap,
+            qp_type: if a.ud { QpType::Ud } else { QpType::Rc },
+            sq_sig_all: false,
+        })?;
+        qp.modify(&QpAttr { state: QpState::Init, port_num: a.ib_port, qkey: UD_QKEY, ..Default::default() })?;
+        qps.push(qp);
+    }
+    let sge = Sge::new(mr.addr() + u64::from(grh), a.size, mr.lkey());
+    let recv = RecvChain::one(RECV_WRID, &[Sge::new(mr.addr(), a.size + grh, mr.lkey())]);
+    let mut post_recv = |qps: &mut Vec<<Rdma as Provider>::Qp>| -> Result<()> {
+        let r = match srq.as_mut() {
+            Some(srq) => srq.post_recv(&recv),
+            None => qps[0].post_recv(&recv),
+        };
+        r.map_err(|e| Error::new(e.errno, format!("post_recv: {e}")))
+    };
+    for _ in 0..a.rx_depth {
+        post_recv(&mut qps)?;
+    }
+    let base_psn = std::process::id() & 0xff_ffff;
+    let psn = |i: usize| (base_psn + i as u32 * 0x1000) & 0xff_ffff;
+    let mut locals = Vec::with_capacity(nq);
+    for (i, qp) in qps.iter_mut().enumerate() {
+        if a.ud {
+            qp.modify(&QpAttr { state: QpState::Rtr, ..Default::default() })?;
+            qp.modify(&QpAttr { state: QpState::Rts, sq_psn: psn(i), ..Default::default() })?;
+        }
+        let mut local = qp.endpoint(a.gid_idx)?;
+        local.psn = psn(i);
+        println!(
+            "  local address:  LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
+            local.lid,
+            local.qpn,
+            local.psn,
+            gid_str(&local.gid)
+        );
+        locals.push(local);
+    }
+    let ah_attr = |r: &Endpoint| AhAttr {
+        dlid: r.lid,
+        is_global: r.gid != [0; 16],
+        dgid: r.gid,
+        sgid_index: a.gid_idx,
+        hop_limit: 1,
+        port_num: a.ib_port,
+        ..Default::default()
+    };
+    let connect = |qps: &mut Vec<<Rdma as Provider>::Qp>, remotes: &[Endpoint]| -> Result<()> {
+        if a.ud {
+            return Ok(());
+        }
+        for (i, (qp, r)) in qps.iter_mut().zip(remotes).enumerate() {
+            qp.modify(&QpAttr {
+                state: QpState::Rtr,
+                path_mtu: a.mtu,
+                dest_qp_num: r.qpn,
+                rq_psn: r.psn,
+                max_dest_rd_atomic: 1,
+                min_rnr_timer: 12,
+                ah: ah_attr(r),
+                ..Default::default()
+            })?;
+            qp.modify(&QpAttr {
+                state: QpState::Rts,
+                sq_psn: psn(i),
+                timeout: 14,
+                retry_cnt: 7,
+                rnr_retry: 7,
+                max_rd_atomic: 1,
+                ..Default::default()
+            })?;
+        }
+        Ok(())
+    };
+    // ibv_srq_pingpong always exchanges MAX_QP (256) messages, unused ones zero.
+    let mut wire = locals.clone();
+    if a.srq {
+        wire.resize(SRQ_PP_MSGS.max(nq), Endpoint::default());
+    }
+    let mut remotes = match &a.server {
+        Some(host) => {
+            let r = conn::client_exchange_many(host, a.port, &wire)?;
+            connect(&mut qps, &r[..nq])?;
+            r
+        }
+        None => {
+            let l = TcpListener::bind(("0.0.0.0", a.port))
+                .map_err(|e| Error::new(Errno::EIO, format!("cannot listen on port {}: {e}", a.port)))?;
+            conn::server_exchange_many(&l, &wire, |r| connect(&mut qps, &r[..nq]))?
+        }
+    };
+    remotes.truncate(nq);
+    for r in &remotes {
+        println!(
+            "  remote address: LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
+            r.lid,
+            r.qpn,
+            r.psn,
+            gid_str(&r.gid)
+        );
+    }
+
+    let ah = if a.ud { Some(pd.create_ah(&ah_attr(&remotes[0]))?) } else { None };
+    let mut wr = SendWr::send(SEND_WRID).signaled();
+    if let Some(ah) = &ah {
+        wr = wr.to(dataplane::Ah::handle(ah), remotes[0].qpn, UD_QKEY);
+    }
+    let send = SendChain::one(wr, &[sge]);
+    let post_send = |qp: &mut <Rdma as Provider>::Qp| {
+        qp.post_send(&send).map_err(|e| Error::new(e.errno, format!("post_send: {e}")))
+    };
+    let start = Instant::now();
+    let (mut scnt, mut rcnt) = (0u64, 0u64);
+    let mut posted_recvs = a.rx_depth;
+    let mut pending = vec![RECV_WRID; nq];
+    if a.server.is_some() {
+        for (qp, p) in qps.iter_mut().zip(&mut pending) {
+            post_send(qp)?;
+            *p |= SEND_WRID;
+        }
+    }
+    let mut wc = [WorkCompletion::default(); 16];
+    while rcnt < a.iters || scnt < a.iters {
+        let n = cq.poll(&mut wc)?;
+        for w in &wc[..n] {
+            if w.status != WcStatus::Success {
+                return Err(Error::new(
+                    Errno::EIO,
+                    format!("completion with status {} for wr_id {}", w.status.as_str(), w.wr_id),
+                ));
+            }
+            let Some(i) = qps.iter().position(|q| q.qp_num() == w.qp_num) else {
+                return Err(Error::new(Errno::EIO, format!("completion for unknown QP {:#x}", w.qp_num)));
+            };
+            match w.wr_id {
+                SEND_WRID => scnt += 1,
+                RECV_WRID => {
+                    rcnt += 1;
+                    posted_recvs -= 1;
+                    if posted_recvs <= nq as u32 + a.rx_depth / 2 {
+                        while posted_recvs < a.rx_depth {
+                            post_recv(&mut qps)?;
+                            posted_recvs += 1;
+                        }
+                    }
+                }
+                other => return Err(Error::new(Errno::EIO, format!("completion for unknown wr_id {other}"))),
+            }
+            pending[i] &= !w.wr_id;
+            if pending[i] == 0 && scnt < a.iters {
+                post_send(&mut qps[i])?;
+                pending[i] = RECV_WRID | SEND_WRID;
+            }
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let bytes = a.size as u64 * a.iters * 2;
+    println!("{bytes} bytes in {secs:.2} seconds = {:.2} Mbit/sec", bytes as f64 * 8.0 / secs / 1e6);
+    println!("{} iters in {secs:.2} seconds = {:.2} usec/iter", a.iters, secs * 1e6 / a.iters as f64);
+    drop(qps);
+    drop(ah);
+    Ok(())
+}
+
+fn gid_str(g: &[u8; 16]) -> String {
+    g.chunks(2).map(|c| format!("{:02x}{:02x}", c[0], c[1])).collect::<Vec<_>>().join(":")
+}
+
+fn main() {
+    let args = Args::parse();
+    if let Err(e) = run(&args) {
+        eprintln!("dp-pingpong: {e}");
+        std::process::exit(1);
+    }
+}

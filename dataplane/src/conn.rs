@@ -1,0 +1,195 @@
+//! Out-of-band connection exchange over TCP, in the format of rdma-core's `ibv_rc_pingpong`
+//! family, so our programs can talk to theirs.
+//!
+//! Each side sends one fixed-size message, `LLLL:QQQQQQ:PPPPPP:GGGG...` (LID as 4 hex digits,
+//! QPN and PSN as 6, the GID as 32 hex digits in byte order) followed by a NUL byte: 52 bytes.
+//! The client sends first, then reads the server's message, then sends `done\0`; the server
+//! reads the client's message, brings its QP up, answers, and waits for `done`.
+//!
+//! A peer that sends something malformed, or closes early, gets an error, never a panic.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+
+use crate::verbs::{Endpoint, Errno, Error, Result};
+
+/// Size of one exchange message (`sizeof "0000:000000:000000:" + 32 hex digits` with its NUL).
+pub const MSG_LEN: usize = 52;
+
+/// Encodes `ep` as one exchange message. QPN and PSN are 24-bit values on the wire.
+pub fn encode(ep: &Endpoint) -> [u8; MSG_LEN] {
+    let mut s = format!("{:04x}:{:06x}:{:06x}:", ep.lid, ep.qpn & 0xff_ffff, ep.psn & 0xff_ffff);
+    for b in ep.gid {
+        s.push_str(&format!("{b:02x}"));
+    }
+    let mut out = [0u8; MSG_LEN];
+    out[..s.len()].copy_from_slice(s.as_bytes());
+    out
+}
+
+fn bad(msg: &[u8], why: &str) -> Error {
+    let shown: String = msg.iter().take(MSG_LEN).map(|&b| if b.is_ascii_graphic() { b as char } else { '.' }).collect();
+    Error::new(Errno::EINVAL, format!("peer sent a malformed connection message ({why}): {shown:?}"))
+}
+
+/// Decodes one exchange message. Errors: `EINVAL` for anything that is not exactly the format.
+pub fn decode(msg: &[u8]) -> Result<Endpoint> {
+    if msg.len() < MSG_LEN - 1 {
+        return Err(bad(msg, "too short"));
+    }
+    let text = &msg[..MSG_LEN - 1];
+    if msg.len() >= MSG_LEN && msg[MSG_LEN - 1] != 0 {
+        return Err(bad(msg, "not NUL-terminated"));
+    }
+    if text[4] != b':' || text[11] != b':' || text[18] != b':' {
+        return Err(bad(msg, "separators"));
+    }
+    let hex = |r: std::ops::Range<usize>| -> Result<u32> {
+        let s = std::str::from_utf8(&text[r]).map_err(|_| bad(msg, "not ASCII"))?;
+        if !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(bad(msg, "not hex"));
+        }
+        u32::from_str_radix(s, 16).map_err(|_| bad(msg, "not hex"))
+    };
+    let lid = hex(0..4)? as u16;
+    let qpn = hex(5..11)?;
+    let psn = hex(12..18)?;
+    let mut gid = [0u8; 16];
+    for (i, g) in gid.iter_mut().enumerate() {
+        *g = hex(19 + 2 * i..21 + 2 * i)? as u8;
+    }
+    Ok(Endpoint { lid, qpn, psn, gid })
+}
+
+fn io_err(what: &str, e: std::io::Error) -> Error {
+    let errno = match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => Errno::EIO,
+        _ => Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
+    };
+    let detail =
+        if e.kind() == std::io::ErrorKind::UnexpectedEof { "peer closed early".to_owned() } else { e.to_string() };
+    Error::new(errno, format!("{what}: {detail}"))
+}
+
+/// Client side: connects to `host:port`, sends `local`, returns the server's endpoint, and
+/// sends `done`.
+pub fn client_exchange(host: &str, port: u16, local: &Endpoint) -> Result<Endpoint> {
+    Ok(client_exchange_many(host, port, std::slice::from_ref(local))?[0])
+}
+
+/// Client side for several QPs (`ibv_srq_pingpong`): sends one message per endpoint of
+/// `locals`, reads as many from the server, then sends `done`.
+pub fn client_exchange_many(host: &str, port: u16, locals: &[Endpoint]) -> Result<Vec<Endpoint>> {
+    let addrs = (host, port)
+        .to_socket_addrs()
+        .map_err(|e| Error::new(Errno::EINVAL, format!("cannot resolve {host}:{port}: {e}")))?;
+    let mut last = None;
+    let mut stream = None;
+    for a in addrs {
+        match TcpStream::connect(a) {
+            Ok(s) => {
+                stream = Some(s);
+                break;
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    let mut s = stream.ok_or_else(|| {
+        let e = last.map_or_else(|| "no address".to_owned(), |e| e.to_string());
+        Error::new(Errno::EIO, format!("cannot connect to {host}:{port}: {e}"))
+    })?;
+    for l in locals {
+        s.write_all(&encode(l)).map_err(|e| io_err("sending the connection message", e))?;
+    }
+    let remotes = read_many(&mut s, locals.len(), "reading the server's connection message")?;
+    s.write_all(b"done\0").map_err(|e| io_err("sending done", e))?;
+    Ok(remotes)
+}
+
+fn read_many(s: &mut TcpStream, n: usize, what: &str) -> Result<Vec<Endpoint>> {
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut buf = [0u8; MSG_LEN];
+        s.read_exact(&mut buf).map_err(|e| io_err(what, e))?;
+        out.push(decode(&buf)?);
+    }
+    Ok(out)
+}
+
+/// Server side: accepts one client on `listener`, reads its endpoint, calls `connect` with it
+/// (bring the QP to RTS there, before answering, as the client may send at once), sends
+/// `local`, and waits for the client's `done`.
+pub fn server_exchange(
+    listener: &TcpListener,
+    local: &Endpoint,
+    connect: impl FnOnce(&Endpoint) -> Result<()>,
+) -> Result<Endpoint> {
+    Ok(server_exchange_many(listener, std::slice::from_ref(local), |r| connect(&r[0]))?[0])
+}
+
+/// Server side for several QPs: reads one message per endpoint of `locals`, calls `connect`
+/// with them, sends `locals`, and waits for `done`.
+pub fn server_exchange_many(
+    listener: &TcpListener,
+    locals: &[Endpoint],
+    connect: impl FnOnce(&[Endpoint]) -> Result<()>,
+) -> Result<Vec<Endpoint>> {
+    let (mut s, _) = listener.accept().map_err(|e| io_err("accepting the client", e))?;
+    let remotes = read_many(&mut s, locals.len(), "reading the client's connection message")?;
+    connect(&remotes)?;
+    for l in locals {
+        s.write_all(&encode(l)).map_err(|e| io_err("sending the connection message", e))?;
+    }
+    let mut done = [0u8; 5];
+    s.read_exact(&mut done).map_err(|e| io_err("waiting for done", e))?;
+    if &done[..4] != b"done" {
+        return Err(bad(&done, "expected done"));
+    }
+    Ok(remotes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_exact_format() {
+        let ep = Endpoint {
+            lid: 0x12,
+            qpn: 0x11,
+            psn: 0xabcdef,
+            gid: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 255, 255, 198, 18, 0, 1],
+        };
+        let m = encode(&ep);
+        assert_eq!(&m[..51], b"0012:000011:abcdef:00000000000000000000ffffc6120001");
+        assert_eq!(m[51], 0);
+        assert_eq!(decode(&m).unwrap(), ep);
+    }
+
+    #[test]
+    fn garbage_is_an_error() {
+        assert!(decode(b"").is_err());
+        assert!(decode(&[0xff; MSG_LEN]).is_err());
+        let mut m = encode(&Endpoint::default());
+        m[4] = b'-';
+        assert!(decode(&m).is_err());
+        let mut m = encode(&Endpoint::default());
+        m[30] = b'z';
+        assert!(decode(&m).is_err());
+    }
+
+    #[test]
+    fn peer_closing_early_is_an_error() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let t = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut m = [0u8; MSG_LEN];
+            s.read_exact(&mut m).unwrap();
+            let _ = s.write_all(b"0001:");
+        });
+        let e = client_exchange("127.0.0.1", port, &Endpoint::default()).unwrap_err();
+        assert!(e.msg.contains("peer closed early"), "{e}");
+        t.join().unwrap();
+    }
+}
