@@ -75,4 +75,5 @@ suite!(ShmHarness;
     tm_bad_handle_and_plain_srq,
     tm_oldest_entry_matches_first,
     rnr_retry_progresses_without_polling_the_send_cq,
+    tm_refused_without_tm_caps,
 );

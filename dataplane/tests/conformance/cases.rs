@@ -1973,3 +1973,21 @@ pub fn rnr_retry_progresses_without_polling_the_send_cq<H: Harness>(t: &str) {
     assert_eq!((wc.status, wc.wr_id, wc.byte_len), (WcStatus::Success, 2, 4));
     assert_eq!(p.b.read(256, 4), b"late");
 }
+
+/// Tag matching only where the device reports TM caps (architecture.md): elsewhere creating a
+/// tag-matching SRQ fails with EOPNOTSUPP and a sentence naming tag matching.
+pub fn tm_refused_without_tm_caps<H: Harness>(t: &str) {
+    let b = Node::<H>::open(t, 0);
+    let r = b.pd.create_srq_tm(
+        &SrqAttr { max_wr: 8, max_sge: 1, srq_limit: 0 },
+        &TmCaps { max_num_tags: 4, max_ops: 4 },
+        &b.rcq,
+    );
+    if b.ctx.caps().max_num_tags == 0 {
+        let e = r.err().expect("a device without TM caps refuses a tag-matching SRQ");
+        assert_eq!(e.errno, Errno::EOPNOTSUPP);
+        assert!(e.msg.contains("tag matching"), "{e}");
+    } else {
+        assert!(r.is_ok(), "a device with TM caps creates a tag-matching SRQ");
+    }
+}

@@ -91,6 +91,34 @@ fn rdma_unsupported(case: &str) -> Option<&'static str> {
 /// Case name and why it cannot pass on the `rdma` provider over rxe.
 const RDMA_UNSUPPORTED: &[(&str, &str)] = &[
     (
+        "tm_matched_message_lands_headerless",
+        "rxe has no tag matching (no TM caps): ibv_post_srq_ops is mlx5-only; checked by tm_refused_without_tm_caps",
+    ),
+    (
+        "tm_unexpected_lands_whole_and_asks_for_sync",
+        "rxe has no tag matching (no TM caps): ibv_post_srq_ops is mlx5-only; checked by tm_refused_without_tm_caps",
+    ),
+    (
+        "tm_phase_sync_gates_matching",
+        "rxe has no tag matching (no TM caps): ibv_post_srq_ops is mlx5-only; checked by tm_refused_without_tm_caps",
+    ),
+    (
+        "tm_delete_live_and_consumed_tags",
+        "rxe has no tag matching (no TM caps): ibv_post_srq_ops is mlx5-only; checked by tm_refused_without_tm_caps",
+    ),
+    (
+        "tm_list_full_and_ops_limit",
+        "rxe has no tag matching (no TM caps): ibv_post_srq_ops is mlx5-only; checked by tm_refused_without_tm_caps",
+    ),
+    (
+        "tm_bad_handle_and_plain_srq",
+        "rxe has no tag matching (no TM caps): ibv_post_srq_ops is mlx5-only; checked by tm_refused_without_tm_caps",
+    ),
+    (
+        "tm_oldest_entry_matches_first",
+        "rxe has no tag matching (no TM caps): ibv_post_srq_ops is mlx5-only; checked by tm_refused_without_tm_caps",
+    ),
+    (
         "ud_grh_and_offset",
         "RoCE v2 over IPv4 (rxe GID index 1) puts the IPv4 header in bytes 20..40 of the 40-byte GRH area, \
          not a GRH with the source GID",
