@@ -111,17 +111,7 @@ impl ShmMr {
         let off = region.inner.off + offset as u64;
         let va = region.inner.ptr as u64 + offset as u64;
         let _l = f.lock();
-        let (idx, gen) = f.claim_slot(
-            MAX_MR,
-            |i| {
-                let s = f.mr_slot(i);
-                // MRs are reclaimed with their context: the pid is checked through it.
-                let ctx = s.ctx.load(Ordering::Relaxed) as usize;
-                let pid = if ctx < MAX_CTX { f.ctx_slot(ctx).pid.load(Ordering::Relaxed) } else { 0 };
-                (&s.key, &s.gen, pid)
-            },
-            "MR",
-        )?;
+        let (idx, gen) = claim_mr_slot(f)?;
         let key = mr_key(gen, idx, 0);
         let s = f.mr_slot(idx);
         s.kind.store(KIND_MR, Ordering::Relaxed);
@@ -160,6 +150,21 @@ impl crate::provider::Mr for ShmMr {
     fn len(&self) -> usize {
         self.len as usize
     }
+}
+
+/// Claims a free slot of the MR table (shared by MRs and windows) under the fabric lock the
+/// caller holds. Slots are reclaimed with their context: the owner's pid is found through it.
+fn claim_mr_slot(f: &Fabric) -> Result<(usize, u32)> {
+    f.claim_slot(
+        MAX_MR,
+        |i| {
+            let s = f.mr_slot(i);
+            let ctx = s.ctx.load(Ordering::Relaxed) as usize;
+            let pid = if ctx < MAX_CTX { f.ctx_slot(ctx).pid.load(Ordering::Relaxed) } else { 0 };
+            (&s.key, &s.gen, pid)
+        },
+        "MR/MW",
+    )
 }
 
 /// A consistent snapshot of an MR slot.
@@ -235,16 +240,7 @@ impl ShmMw {
     pub(crate) fn alloc(pd: &Arc<PdInner>) -> Result<ShmMw> {
         let f = &pd.ctx.fabric;
         let _l = f.lock();
-        let (idx, gen) = f.claim_slot(
-            MAX_MR,
-            |i| {
-                let s = f.mr_slot(i);
-                let ctx = s.ctx.load(Ordering::Relaxed) as usize;
-                let pid = if ctx < MAX_CTX { f.ctx_slot(ctx).pid.load(Ordering::Relaxed) } else { 0 };
-                (&s.key, &s.gen, pid)
-            },
-            "MR/MW",
-        )?;
+        let (idx, gen) = claim_mr_slot(f)?;
         let s = f.mr_slot(idx);
         s.kind.store(KIND_MW, Ordering::Relaxed);
         s.pd.store(pd.pdn, Ordering::Relaxed);
