@@ -76,4 +76,6 @@ suite!(ShmHarness;
     tm_oldest_entry_matches_first,
     rnr_retry_progresses_without_polling_the_send_cq,
     tm_refused_without_tm_caps,
+    uc_rdma_write_and_write_with_imm,
+    fence_orders_after_prior_read,
 );

@@ -1991,3 +1991,42 @@ pub fn tm_refused_without_tm_caps<H: Harness>(t: &str) {
         assert!(r.is_ok(), "a device with TM caps creates a tag-matching SRQ");
     }
 }
+
+/// ibv_post_send(3) table, UC column: RDMA_WRITE and RDMA_WRITE_WITH_IMM are allowed on UC and
+/// work: the data lands at the remote address; the immediate consumes a receive there
+/// (IBV_WC_RECV_RDMA_WITH_IMM).
+pub fn uc_rdma_write_and_write_with_imm<H: Harness>(t: &str) {
+    let mut p = pair::<H>(t, QpType::Uc, QpCaps::default(), ConnOpts::default());
+    let rkey = p.b.mr.rkey();
+    let data = pattern(21, 48);
+    p.a.write(0, &data);
+    p.qa.post_send(&SendChain::one(SendWr::write(1, p.b.addr(RX + 512), rkey).signaled(), &[p.a.sge(0, 48)])).unwrap();
+    let s = poll_one(&mut p.a.scq);
+    assert_eq!((s.wr_id, s.status, s.opcode), (1, WcStatus::Success, WcOpcode::RdmaWrite));
+    assert_eq!(p.b.read(RX + 512, 48), data);
+    recv(&mut p.qb, &p.b, 7, RX, 64);
+    let wr = SendWr::write_with_imm(2, p.b.addr(RX + 1024), rkey, 0x1234).signaled();
+    p.qa.post_send(&SendChain::one(wr, &[p.a.sge(0, 48)])).unwrap();
+    assert!(poll_one(&mut p.a.scq).is_ok());
+    let r = poll_one(&mut p.b.rcq);
+    assert_eq!((r.wr_id, r.status, r.opcode, r.imm_data), (7, WcStatus::Success, WcOpcode::RecvRdmaWithImm, 0x1234));
+    assert!(r.wc_flags.contains(WcFlags::WITH_IMM));
+    assert_eq!(p.b.read(RX + 1024, 48), data);
+}
+
+/// ibv_post_send(3) "IBV_SEND_FENCE Set the fence indicator": a fenced WR starts only after
+/// the prior RDMA READ completed, so a WRITE of the buffer the READ fills carries the read data.
+pub fn fence_orders_after_prior_read<H: Harness>(t: &str) {
+    let mut p = rc_pair::<H>(t);
+    let rkey = p.b.mr.rkey();
+    let remote = pattern(33, 32);
+    p.b.write(RX + 2048, &remote);
+    p.a.write(512, &[0u8; 32]);
+    let mut c = SendChain::new();
+    c.push(SendWr::read(1, p.b.addr(RX + 2048), rkey), &[p.a.sge(512, 32)]);
+    c.push(SendWr::write(2, p.b.addr(RX + 4096), rkey).flags(SendFlags::FENCE).signaled(), &[p.a.sge(512, 32)]);
+    p.qa.post_send(&c).unwrap();
+    let s = poll_one(&mut p.a.scq);
+    assert_eq!((s.wr_id, s.status), (2, WcStatus::Success));
+    assert_eq!(p.b.read(RX + 4096, 32), remote, "the fenced WRITE sent what the READ fetched");
+}
