@@ -266,13 +266,23 @@ pub(crate) fn progress_waiting() {
     }
 }
 
+thread_local! {
+    /// Reused list of waiting send queues: progress runs on the busy-poll path whenever a send
+    /// waits on RNR, so after warm-up it must not allocate.
+    static SCRATCH: std::cell::RefCell<Vec<Arc<SqCell>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 #[cold]
 fn progress_waiting_slow() {
-    let cells: Vec<Arc<SqCell>> =
-        WAITING.lock().unwrap_or_else(|e| e.into_inner()).iter().filter_map(Weak::upgrade).collect();
-    for c in cells {
-        c.try_progress();
-    }
+    SCRATCH.with(|scratch| {
+        let Ok(mut cells) = scratch.try_borrow_mut() else { return };
+        cells.extend(WAITING.lock().unwrap_or_else(|e| e.into_inner()).iter().filter_map(Weak::upgrade));
+        // The list lock is released: progress may deregister a queue (which takes it).
+        for c in cells.iter() {
+            c.try_progress();
+        }
+        cells.clear();
+    });
 }
 
 /// Moves QP `idx` to ERROR (unless in RESET) and flushes its receive queue (any process may
