@@ -1197,12 +1197,7 @@ impl crate::Qp for RdmaQp {
         use QpState::*;
         let cur = self.state();
         let to = attr.state;
-        if !cur.can_transition(to) {
-            return Err(crate::verbs::Error::new(
-                Errno::EINVAL,
-                format!("QP {:#x}: transition {cur:?} -> {to:?} is not allowed", self.qpn),
-            ));
-        }
+        cur.check_transition(to, self.qpn)?;
         if cur == Reset && to == Error {
             // The kernel's state table has no RESET -> ERROR; go through INIT.
             self.modify(&QpAttr { state: Init, ..Default::default() })?;

@@ -569,12 +569,7 @@ impl crate::provider::Qp for ShmQp {
         use QpState::*;
         let cur = self.state();
         let to = attr.state;
-        if !cur.can_transition(to) {
-            return Err(crate::verbs::Error::new(
-                Errno::EINVAL,
-                format!("QP {:#x}: transition {cur:?} -> {to:?} is not allowed", self.qpn),
-            ));
-        }
+        cur.check_transition(to, self.qpn)?;
         let s = self.slot();
         let mut g = self.sq.lock();
         match (cur, to) {

@@ -86,6 +86,19 @@ impl QpState {
         matches!(self, QpState::Rts | QpState::Sqd | QpState::Sqe | QpState::Error)
     }
 
+    /// `Ok` if `ibv_modify_qp` may move QP `qpn` from `self` to `to`, else `EINVAL` naming the
+    /// transition (see [`QpState::can_transition`]).
+    pub fn check_transition(self, to: QpState, qpn: u32) -> super::Result<()> {
+        if self.can_transition(to) {
+            Ok(())
+        } else {
+            Err(super::Error::new(
+                super::Errno::EINVAL,
+                format!("QP {qpn:#x}: transition {self:?} -> {to:?} is not allowed"),
+            ))
+        }
+    }
+
     /// Whether the transition `self -> to` is one `ibv_modify_qp` allows (IB spec 10.3.1):
     /// any state to RESET or ERROR; RESET→INIT; INIT→INIT/RTR; RTR→RTS; RTS→RTS/SQD;
     /// SQD→RTS/SQD; SQE→RTS.
