@@ -168,6 +168,14 @@ mod windows {
         .union(AccessFlags::REMOTE_READ)
         .union(AccessFlags::MW_BIND);
 
+    /// A fresh RC QP on each node, connected to each other.
+    fn rc_qps(x: &Node<H>, y: &Node<H>) -> (QpOf<H>, QpOf<H>) {
+        let (mut qx, mut qy) =
+            (x.qp(QpType::Rc, QpCaps::default(), None, false), y.qp(QpType::Rc, QpCaps::default(), None, false));
+        connect::<H>(&mut qx, &mut qy, &ConnOpts::default());
+        (qx, qy)
+    }
+
     fn post_one(qp: &mut QpOf<H>, wr: SendWr, sges: &[Sge]) {
         qp.post_send(&SendChain::one(wr.signaled(), sges)).expect("post");
     }
@@ -178,9 +186,7 @@ mod windows {
     fn bind_mw_grants_exactly_the_window() {
         let mut a = Node::<H>::open_with("mw-bind", 0, ALL);
         let mut b = Node::<H>::open_with("mw-bind", 1, ALL);
-        let (mut qa, mut qb) =
-            (a.qp(QpType::Rc, QpCaps::default(), None, false), b.qp(QpType::Rc, QpCaps::default(), None, false));
-        connect::<H>(&mut qa, &mut qb, &ConnOpts::default());
+        let (mut qa, mut qb) = rc_qps(&a, &b);
         let mw = b.pd.alloc_mw().unwrap();
         let new = inc_rkey(mw.rkey());
         let bind = MwBind {
@@ -205,9 +211,7 @@ mod windows {
     fn window_bounds_are_enforced() {
         let mut a = Node::<H>::open_with("mw-bounds", 0, ALL);
         let mut b = Node::<H>::open_with("mw-bounds", 1, ALL);
-        let (mut qa, mut qb) =
-            (a.qp(QpType::Rc, QpCaps::default(), None, false), b.qp(QpType::Rc, QpCaps::default(), None, false));
-        connect::<H>(&mut qa, &mut qb, &ConnOpts::default());
+        let (mut qa, mut qb) = rc_qps(&a, &b);
         let mw = b.pd.alloc_mw().unwrap();
         let new = inc_rkey(mw.rkey());
         let bind = MwBind {
@@ -231,9 +235,7 @@ mod windows {
     fn local_inv_and_send_with_inv_revoke_windows() {
         let mut a = Node::<H>::open_with("mw-inv", 0, ALL);
         let mut b = Node::<H>::open_with("mw-inv", 1, ALL);
-        let (mut qa, mut qb) =
-            (a.qp(QpType::Rc, QpCaps::default(), None, false), b.qp(QpType::Rc, QpCaps::default(), None, false));
-        connect::<H>(&mut qa, &mut qb, &ConnOpts::default());
+        let (mut qa, mut qb) = rc_qps(&a, &b);
         let mw = b.pd.alloc_mw().unwrap();
         let (lkey, waddr) = (b.mr.lkey(), b.addr(8192));
         let bind = move |rkey| MwBind {
@@ -254,9 +256,7 @@ mod windows {
         assert!(r.wc_flags.contains(WcFlags::WITH_INV));
         assert_eq!((r.imm_data, r.wr_id), (k1, 7));
         // The window is revoked: a QP error follows a write through it, so use a fresh pair.
-        let mut qa2 = a.qp(QpType::Rc, QpCaps::default(), None, false);
-        let mut qb2 = b.qp(QpType::Rc, QpCaps::default(), None, false);
-        connect::<H>(&mut qa2, &mut qb2, &ConnOpts::default());
+        let (mut qa2, mut qb2) = rc_qps(&a, &b);
         post_one(&mut qa2, SendWr::write(3, b.addr(8192), k1), &[a.sge(0, 8)]);
         assert_eq!(poll_n(&mut a.scq, 1)[0].status, WcStatus::RemAccessErr);
         // Rebind, then LOCAL_INV on the owner's side.
@@ -266,9 +266,7 @@ mod windows {
         post_one(&mut qb2, SendWr::local_inv(5, k2), &[]);
         let wc = poll_n(&mut b.scq, 1)[0];
         assert_eq!((wc.status, wc.opcode), (WcStatus::Success, WcOpcode::LocalInv));
-        let mut qa3 = a.qp(QpType::Rc, QpCaps::default(), None, false);
-        let mut qb3 = b.qp(QpType::Rc, QpCaps::default(), None, false);
-        connect::<H>(&mut qa3, &mut qb3, &ConnOpts::default());
+        let (mut qa3, _qb3) = rc_qps(&a, &b);
         post_one(&mut qa3, SendWr::write(6, b.addr(8192), k2), &[a.sge(0, 8)]);
         assert_eq!(poll_n(&mut a.scq, 1)[0].status, WcStatus::RemAccessErr);
     }
@@ -279,9 +277,7 @@ mod windows {
     fn bad_binds_and_invalidations_fail() {
         let mut b = Node::<H>::open_with("mw-bad", 0, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE);
         let a = Node::<H>::open_with("mw-bad", 1, ALL);
-        let mut qb = b.qp(QpType::Rc, QpCaps::default(), None, false);
-        let mut qa = a.qp(QpType::Rc, QpCaps::default(), None, false);
-        connect::<H>(&mut qb, &mut qa, &ConnOpts::default());
+        let (mut qb, _qa) = rc_qps(&b, &a);
         let mw = b.pd.alloc_mw().unwrap();
         let bind = MwBind {
             new_rkey: inc_rkey(mw.rkey()),
@@ -293,15 +289,11 @@ mod windows {
         post_one(&mut qb, SendWr::bind_mw(1, mw.rkey(), bind), &[]);
         assert_eq!(poll_n(&mut b.scq, 1)[0].status, WcStatus::MwBindErr, "MR without MW_BIND");
         assert_eq!(qb.state(), QpState::Error);
-        let mut qb2 = b.qp(QpType::Rc, QpCaps::default(), None, false);
-        let mut qa2 = a.qp(QpType::Rc, QpCaps::default(), None, false);
-        connect::<H>(&mut qb2, &mut qa2, &ConnOpts::default());
+        let (mut qb2, _qa2) = rc_qps(&b, &a);
         post_one(&mut qb2, SendWr::local_inv(2, b.mr.rkey()), &[]);
         assert_eq!(poll_n(&mut b.scq, 1)[0].status, WcStatus::MwBindErr, "a plain MR cannot be invalidated");
         // A window's rkey is never an lkey.
-        let mut qb3 = b.qp(QpType::Rc, QpCaps::default(), None, false);
-        let mut qa3 = a.qp(QpType::Rc, QpCaps::default(), None, false);
-        connect::<H>(&mut qb3, &mut qa3, &ConnOpts::default());
+        let (mut qb3, _qa3) = rc_qps(&b, &a);
         let e = qb3.post_send(&SendChain::one(SendWr::send(3), &[Sge::new(b.addr(0), 8, mw.rkey())])).unwrap_err();
         assert_eq!(e.errno, Errno::EINVAL);
     }
