@@ -3,7 +3,7 @@
 use dataplane::mem::HugePolicy;
 use dataplane::shm::{Shm, ShmConfig};
 use dataplane::verbs::*;
-use dataplane::{Context, Cq, Mr, Pd, Provider, Qp, QpInitAttr};
+use dataplane::{Context, Cq, Mr, Pd, Provider, Qp, QpInitAttr, Srq};
 
 type P = Shm;
 
@@ -23,6 +23,8 @@ pub struct Loopback {
     pub mr: <P as Provider>::Mr,
     /// The memory.
     pub region: <P as Provider>::Region,
+    /// `b`'s SRQ, when built with [`Loopback::with_srq`].
+    pub srq: Option<<P as Provider>::Srq>,
 }
 
 /// Receive buffers posted on `b`.
@@ -31,6 +33,15 @@ pub const DEPTH: u32 = 1024;
 impl Loopback {
     /// Builds the pair on a fresh fabric named `name`.
     pub fn new(name: &str) -> Loopback {
+        Self::build(name, false)
+    }
+
+    /// Like [`Loopback::new`], but `b` receives through an SRQ (`DEPTH` requests posted).
+    pub fn with_srq(name: &str) -> Loopback {
+        Self::build(name, true)
+    }
+
+    fn build(name: &str, use_srq: bool) -> Loopback {
         let cfg =
             ShmConfig { fabric: format!("{name}-{}", std::process::id()), size: 32 << 20, huge: HugePolicy::default() };
         let ctx = P::open(&cfg).expect("open");
@@ -40,18 +51,12 @@ impl Loopback {
         let acq = ctx.create_cq(DEPTH).unwrap();
         let bcq = ctx.create_cq(DEPTH).unwrap();
         let cap = QpCaps { max_send_wr: DEPTH, max_recv_wr: DEPTH, ..Default::default() };
-        let mk = |cq: &<P as Provider>::Cq| {
-            pd.create_qp(&QpInitAttr {
-                send_cq: cq,
-                recv_cq: cq,
-                srq: None,
-                cap,
-                qp_type: QpType::Rc,
-                sq_sig_all: false,
-            })
-            .unwrap()
+        let srq = use_srq.then(|| pd.create_srq(&SrqAttr { max_wr: DEPTH, max_sge: 1, srq_limit: 0 }).unwrap());
+        let mk = |cq: &<P as Provider>::Cq, srq: Option<&<P as Provider>::Srq>| {
+            pd.create_qp(&QpInitAttr { send_cq: cq, recv_cq: cq, srq, cap, qp_type: QpType::Rc, sq_sig_all: false })
+                .unwrap()
         };
-        let (mut a, mut b) = (mk(&acq), mk(&bcq));
+        let (mut a, mut b) = (mk(&acq, None), mk(&bcq, srq.as_ref()));
         for (q, peer) in [(&mut a, b.qp_num()), (&mut b, 0)] {
             q.modify(&QpAttr { state: QpState::Init, ..Default::default() }).unwrap();
             let _ = peer;
@@ -61,12 +66,15 @@ impl Loopback {
         b.modify(&QpAttr { state: QpState::Rtr, dest_qp_num: qa, ..Default::default() }).unwrap();
         a.modify(&QpAttr { state: QpState::Rts, ..Default::default() }).unwrap();
         b.modify(&QpAttr { state: QpState::Rts, ..Default::default() }).unwrap();
-        let mut lb = Loopback { ctx, a, b, acq, bcq, mr, region };
+        let mut lb = Loopback { ctx, a, b, acq, bcq, mr, region, srq };
         let mut rc = RecvChain::with_capacity(DEPTH as usize, DEPTH as usize);
         for i in 0..DEPTH as u64 {
             rc.push(RecvWr::new(i), &[lb.recv_sge(i)]);
         }
-        lb.b.post_recv(&rc).unwrap();
+        match lb.srq.as_mut() {
+            Some(s) => s.post_recv(&rc).unwrap(),
+            None => lb.b.post_recv(&rc).unwrap(),
+        }
         lb
     }
 

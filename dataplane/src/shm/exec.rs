@@ -111,15 +111,15 @@ fn resolve_dest(f: &Fabric, qpn: u32) -> Option<DestView> {
 
 /// The cached view of `qpn`, re-resolved when the cache is for another QP or the slot was
 /// reused.
+/// Returns a reference into the cache: the view is a few hundred bytes, and copying it out
+/// for every message showed up in instruction profiles.
 #[inline]
-fn dest(f: &Fabric, st: &mut SqState, qpn: u32) -> Option<DestView> {
-    if let Some(d) = st.dest {
-        if d.qpn == qpn && f.qp_slot(d.idx).qpn.load(Ordering::Acquire) == qpn {
-            return Some(d);
-        }
+fn dest<'a>(f: &Fabric, cache: &'a mut Option<DestView>, qpn: u32) -> Option<&'a DestView> {
+    let hit = cache.as_ref().is_some_and(|d| d.qpn == qpn && f.qp_slot(d.idx).qpn.load(Ordering::Acquire) == qpn);
+    if !hit {
+        *cache = resolve_dest(f, qpn);
     }
-    st.dest = resolve_dest(f, qpn);
-    st.dest
+    cache.as_ref()
 }
 
 /// What `deliver` needs to know about the sending QP.
@@ -420,7 +420,8 @@ fn exec_wr(f: &Fabric, st: &mut SqState, wr: &SendWr, src: &[Seg], total: u64) -
         }
         _ => {}
     }
-    let Some(d) = dest(f, st, st.dest_qpn) else { return lost };
+    let sender = Sender::of(st);
+    let Some(d) = dest(f, &mut st.dest, st.dest_qpn) else { return lost };
     let ds = f.qp_slot(d.idx);
     let state = QpState::from_u8(ds.state.load(Ordering::Acquire) as u8).unwrap_or(QpState::Error);
     if !state.receives() || ds.dest_qpn.load(Ordering::Relaxed) != st.qpn || d.qp_type != st.qp_type {
@@ -428,23 +429,21 @@ fn exec_wr(f: &Fabric, st: &mut SqState, wr: &SendWr, src: &[Seg], total: u64) -
     }
     let fail = |s: WcStatus| Outcome::Done(if reliable { s } else { WcStatus::Success }, 0);
     match wr.opcode {
-        WrOpcode::Send | WrOpcode::SendWithImm => {
-            deliver(f, Sender::of(st), &mut st.rx, &d, wr, src, total, None, true)
-        }
+        WrOpcode::Send | WrOpcode::SendWithImm => deliver(f, sender, &mut st.rx, d, wr, src, total, None, true),
         WrOpcode::SendWithInv => {
             // The rkey must name a window of the responder's PD, else the responder rejects
             // the request before placing anything.
             if !mr_lookup(f, wr.imm_data).is_some_and(|m| m.window && m.pd == d.pd) {
                 return fail(WcStatus::RemInvReqErr);
             }
-            let out = deliver(f, Sender::of(st), &mut st.rx, &d, wr, src, total, None, true);
+            let out = deliver(f, sender, &mut st.rx, d, wr, src, total, None, true);
             if matches!(out, Outcome::Done(WcStatus::Success, _)) {
                 super::mr::invalidate(f, d.pd, wr.imm_data);
             }
             out
         }
         WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm => {
-            let Some(mr) = remote_mr(f, &d, wr, AccessFlags::REMOTE_WRITE) else { return fail(WcStatus::RemAccessErr) };
+            let Some(mr) = remote_mr(f, d, wr, AccessFlags::REMOTE_WRITE) else { return fail(WcStatus::RemAccessErr) };
             let Some(p) = mr.translate(f, wr.remote_addr, total) else { return fail(WcStatus::RemAccessErr) };
             if wr.opcode == WrOpcode::RdmaWriteWithImm {
                 // The immediate needs a receive: check for one before any byte lands, so an
@@ -456,12 +455,12 @@ fn exec_wr(f: &Fabric, st: &mut SqState, wr: &SendWr, src: &[Seg], total: u64) -
             }
             copy_sg(src, &[Seg { ptr: p, len: total as usize }], 0);
             if wr.opcode == WrOpcode::RdmaWriteWithImm {
-                return deliver(f, Sender::of(st), &mut st.rx, &d, wr, src, total, None, false);
+                return deliver(f, sender, &mut st.rx, d, wr, src, total, None, false);
             }
             Outcome::Done(WcStatus::Success, 0)
         }
         WrOpcode::RdmaRead => {
-            let Some(mr) = remote_mr(f, &d, wr, AccessFlags::REMOTE_READ) else { return fail(WcStatus::RemAccessErr) };
+            let Some(mr) = remote_mr(f, d, wr, AccessFlags::REMOTE_READ) else { return fail(WcStatus::RemAccessErr) };
             let Some(p) = mr.translate(f, wr.remote_addr, total) else { return fail(WcStatus::RemAccessErr) };
             copy_sg(&[Seg { ptr: p, len: total as usize }], src, 0);
             Outcome::Done(WcStatus::Success, total as u32)
@@ -470,7 +469,7 @@ fn exec_wr(f: &Fabric, st: &mut SqState, wr: &SendWr, src: &[Seg], total: u64) -
             if wr.remote_addr % 8 != 0 {
                 return fail(WcStatus::RemInvReqErr);
             }
-            let Some(mr) = remote_mr(f, &d, wr, AccessFlags::REMOTE_ATOMIC) else {
+            let Some(mr) = remote_mr(f, d, wr, AccessFlags::REMOTE_ATOMIC) else {
                 return fail(WcStatus::RemAccessErr);
             };
             let Some(a) = mr.fabric_offset(wr.remote_addr, 8).and_then(|off| atomic_u64_at(f, off)) else {
@@ -492,7 +491,8 @@ fn exec_wr(f: &Fabric, st: &mut SqState, wr: &SendWr, src: &[Seg], total: u64) -
 
 fn exec_ud(f: &Fabric, st: &mut SqState, wr: &SendWr, src: &[Seg], total: u64) -> Outcome {
     let dropped = Outcome::Done(WcStatus::Success, 0);
-    let Some(d) = dest(f, st, wr.ud.remote_qpn) else { return dropped };
+    let sender = Sender::of(st);
+    let Some(d) = dest(f, &mut st.dest, wr.ud.remote_qpn) else { return dropped };
     let ds = f.qp_slot(d.idx);
     let state = QpState::from_u8(ds.state.load(Ordering::Acquire) as u8).unwrap_or(QpState::Error);
     // A Q_Key with the high bit set means "use the QP's own Q_Key" (IB spec 10.2.4).
@@ -512,7 +512,7 @@ fn exec_ud(f: &Fabric, st: &mut SqState, wr: &SendWr, src: &[Seg], total: u64) -
         g
     });
     let _ = d.lid;
-    deliver(f, Sender::of(st), &mut st.rx, &d, wr, src, total, Some(grh), true)
+    deliver(f, sender, &mut st.rx, d, wr, src, total, Some(grh), true)
 }
 
 /// Marks an AH handle issued by the shm provider.

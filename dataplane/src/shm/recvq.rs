@@ -92,7 +92,7 @@ pub(crate) fn push(ring: &Ring, wr_id: u64, sges: &[Sge]) -> bool {
 #[inline]
 pub(crate) fn pop(ring: &Ring, out: &mut RecvEntry) -> bool {
     let cap = ((ring.payload_len() - RECV_HDR_LEN) / RECV_SGE_LEN).min(MAX_SGE);
-    matches!(
+    let got = matches!(
         ring.pop(|p| {
             // SAFETY: reads stay inside the cell payload: header plus `cap` SGEs.
             unsafe {
@@ -109,5 +109,11 @@ pub(crate) fn pop(ring: &Ring, out: &mut RecvEntry) -> bool {
             }
         }),
         Pop::Item
-    )
+    );
+    if got {
+        // The next request is usually posted already: fetch its line now, off the next
+        // message's critical path.
+        ring.prefetch(0);
+    }
+    got
 }

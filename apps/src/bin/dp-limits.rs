@@ -1,0 +1,176 @@
+//! `dp-limits`: the physical limits of moving data between two cores of this machine, measured
+//! the way `dp-perf` measures itself, so `tools/bench-peers` can quote every tool as a ratio of
+//! what the hardware allows.
+//!
+//! - `pingpong`: one cache line bounced between two pinned threads. Each side spins on the
+//!   other's line; one round trip is two cache-line transfers. Reported as half the round trip
+//!   (perftest's convention), each sample timed with `Instant` like `dp-perf` times its own, so
+//!   the timer's cost is in both.
+//! - `copy`: a plain `memcpy` transport between two pinned threads. The producer copies each
+//!   message from its private buffer into a slot of a ring and publishes it; the consumer sees
+//!   the publication, reads the message's first word and returns the slot. That is the data
+//!   movement of a `send_bw` test with no protocol at all: the bandwidth any shared-memory
+//!   transport moving the same bytes between the same cores can at best approach.
+
+use clap::{Parser, Subcommand};
+use hdrhistogram::Histogram;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+#[derive(Parser, Debug)]
+#[command(about = "Core-to-core limits of this machine: cache-line ping-pong latency and memcpy bandwidth")]
+struct Args {
+    #[command(subcommand)]
+    test: Test,
+    /// Core of the measuring thread.
+    #[arg(long, default_value_t = 0, global = true)]
+    core: usize,
+    /// Core of the peer thread.
+    #[arg(long, default_value_t = 1, global = true)]
+    peer_core: usize,
+    /// Print one JSON object instead of the text line.
+    #[arg(long, global = true)]
+    json: bool,
+}
+
+#[derive(Subcommand, Debug)]
+enum Test {
+    /// Cache-line ping-pong: one-way latency (half round trip) in ns.
+    Pingpong {
+        /// Round trips.
+        #[arg(short = 'n', long, default_value_t = 1_000_000)]
+        iters: u64,
+    },
+    /// memcpy transport through a ring of slots: bandwidth in MB/s (2^20 bytes, as perftest).
+    Copy {
+        /// Message size in bytes.
+        #[arg(short = 's', long, default_value_t = 4096)]
+        size: usize,
+        /// Messages.
+        #[arg(short = 'n', long, default_value_t = 2_000_000)]
+        iters: u64,
+        /// Slots in the ring (dp-perf's receive depth is 512).
+        #[arg(long, default_value_t = 512)]
+        slots: usize,
+    },
+}
+
+/// One cache line (128 bytes: the adjacent-line prefetcher pairs lines) holding a counter.
+#[repr(align(128))]
+#[derive(Default)]
+struct Line(AtomicU64);
+
+fn pin(core: usize) {
+    if !core_affinity::set_for_current(core_affinity::CoreId { id: core }) {
+        eprintln!("dp-limits: cannot pin to core {core}");
+        std::process::exit(1);
+    }
+}
+
+fn main() {
+    let args = Args::parse();
+    match args.test {
+        Test::Pingpong { iters } => pingpong(&args, iters),
+        Test::Copy { size, iters, slots } => copy(&args, size, iters, slots),
+    }
+}
+
+fn pingpong(args: &Args, iters: u64) {
+    let ping = Arc::new(Line::default());
+    let pong = Arc::new(Line::default());
+    let (p2, q2, peer) = (ping.clone(), pong.clone(), args.peer_core);
+    let warm = iters / 10 + 1000;
+    let total = warm + iters;
+    let t = std::thread::spawn(move || {
+        pin(peer);
+        for i in 1..=total {
+            // Acquire/Release: the same pairing a NIC's producer/consumer indices need.
+            while p2.0.load(Ordering::Acquire) != i {
+                std::hint::spin_loop();
+            }
+            q2.0.store(i, Ordering::Release);
+        }
+    });
+    pin(args.core);
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 10_000_000_000, 3).expect("histogram bounds");
+    let mut start = Instant::now();
+    for i in 1..=total {
+        if i == warm + 1 {
+            start = Instant::now();
+        }
+        let t0 = Instant::now();
+        ping.0.store(i, Ordering::Release);
+        while pong.0.load(Ordering::Acquire) != i {
+            std::hint::spin_loop();
+        }
+        if i > warm {
+            hist.record((t0.elapsed().as_nanos() as u64 / 2).max(1)).ok();
+        }
+    }
+    let avg = start.elapsed().as_nanos() as f64 / iters as f64 / 2.0;
+    t.join().expect("peer thread");
+    let (min, p50, p99) = (hist.min(), hist.value_at_quantile(0.5), hist.value_at_quantile(0.99));
+    if args.json {
+        println!("{{\"test\":\"pingpong\",\"iters\":{iters},\"min_ns\":{min},\"p50_ns\":{p50},\"p99_ns\":{p99},\"avg_ns\":{avg:.1}}}");
+    } else {
+        println!(
+            "cache-line ping-pong, cores {}->{}: {iters} round trips, half round trip ns: min {min} p50 {p50} p99 {p99} avg {avg:.1}",
+            args.core, args.peer_core
+        );
+    }
+}
+
+fn copy(args: &Args, size: usize, iters: u64, slots: usize) {
+    if size == 0 || slots == 0 {
+        eprintln!("dp-limits: --size and --slots must be at least 1");
+        std::process::exit(2);
+    }
+    let stride = size.div_ceil(64) * 64;
+    // The ring: `slots` message slots; `head` counts messages published, `tail` consumed.
+    let ring: Arc<Vec<AtomicU64>> = Arc::new((0..slots * stride / 8).map(|_| AtomicU64::new(0)).collect());
+    let head = Arc::new(Line::default());
+    let tail = Arc::new(Line::default());
+    let (r2, h2, t2, peer) = (ring.clone(), head.clone(), tail.clone(), args.peer_core);
+    let consumer = std::thread::spawn(move || {
+        pin(peer);
+        let mut sum = 0u64;
+        for i in 0..iters {
+            while h2.0.load(Ordering::Acquire) <= i {
+                std::hint::spin_loop();
+            }
+            // Read the message's first word (as a receiver checks a header), then free the slot.
+            sum = sum.wrapping_add(r2[(i as usize % slots) * stride / 8].load(Ordering::Relaxed));
+            t2.0.store(i + 1, Ordering::Release);
+        }
+        sum
+    });
+    pin(args.core);
+    let src = vec![0x5au8; size];
+    let base = ring.as_ptr() as *mut u8;
+    let start = Instant::now();
+    for i in 0..iters {
+        while i - tail.0.load(Ordering::Acquire) >= slots as u64 {
+            std::hint::spin_loop();
+        }
+        let slot = (i as usize % slots) * stride;
+        // SAFETY: `slot + size <= slots * stride`, inside the ring's allocation; the consumer
+        // does not read this slot until `head` (Release, below) says it was written, and we do
+        // not write it again until `tail` (Acquire, above) says the consumer is done with it.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), base.add(slot), size) };
+        head.0.store(i + 1, Ordering::Release);
+    }
+    let secs = consumer.join().map(|_| start.elapsed().as_secs_f64()).expect("consumer thread");
+    let mbs = (size as u64 * iters) as f64 / secs / (1 << 20) as f64;
+    let mpps = iters as f64 / secs / 1e6;
+    if args.json {
+        println!(
+            "{{\"test\":\"copy\",\"MsgSize\":{size},\"iters\":{iters},\"BW_average\":{mbs:.2},\"MsgRate\":{mpps:.6}}}"
+        );
+    } else {
+        println!(
+            "memcpy transport, cores {}->{}: {size} B x {iters}, {slots} slots: {mbs:.2} MB/s, {mpps:.3} Mpps",
+            args.core, args.peer_core
+        );
+    }
+}
