@@ -50,9 +50,11 @@ pub fn proc_start_ticks(pid: u32) -> Option<u64> {
 }
 
 /// Whether a segment's writer (`pid`, started at `start_ticks`) is still running: the pid
-/// exists and started at that time (not a later process that reused the pid).
+/// exists and started at that time (not a later process that reused the pid). A writer that
+/// could not read its own start time (0) is judged by its pid alone.
 pub fn writer_alive(pid: u64, start_ticks: u64) -> bool {
-    u32::try_from(pid).ok().and_then(proc_start_ticks).is_some_and(|t| t == start_ticks)
+    let now = u32::try_from(pid).ok().and_then(proc_start_ticks);
+    now.is_some_and(|t| t == start_ticks || start_ticks == 0)
 }
 
 #[cfg(test)]
