@@ -128,10 +128,8 @@ where
     let mut b = build::<P>(cfg, opts, &ctx, &pd, &pools, &ctl, clock)?;
     // Live stats: the workers' counters move into a shared-memory segment that dpctl reads.
     let name = opts.fabric.as_deref().unwrap_or(cfg.provider.fabric.as_str());
-    let segment = match opts.no_stats {
-        true => None,
-        false => Some(stats::export::export(&mut b.workers, &stats::stats_dir(), name)?),
-    };
+    let segment =
+        if opts.no_stats { None } else { Some(stats::export::export(&mut b.workers, &stats::stats_dir(), name)?) };
     let stats: Vec<WorkerStats> = b.workers.iter().map(|w| w.stats()).collect();
 
     // Start.

@@ -1,6 +1,7 @@
 //! End-to-end tests of live stats: `dataplane run` exports its counters while it runs,
 //! `dpctl` reads them (moving), the segment disappears when the run ends (also on Ctrl-C),
-//! and a killed run leaves a stale segment that `dpctl` reports and cleans.
+//! a killed run leaves a stale segment that `dpctl` reports and cleans, and `--no-stats`
+//! exports nothing.
 
 mod support;
 
@@ -225,5 +226,19 @@ fn a_killed_run_leaves_a_stale_segment_that_dpctl_reports_and_cleans() {
     assert!(clean.status.success() && stdout(&clean).contains("removed"), "{}", stdout(&clean));
     assert!(!segment_file(&dir, &fabric, pid).exists());
     assert!(stdout(&dpctl(&dir, &["list"])).contains("no stats segments"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn no_stats_runs_without_a_segment() {
+    let dir = private_dir("nostats");
+    let fabric = format!("test-dpctl-nostats-{}", std::process::id());
+    let mut run = Run::start(&fabric, &dir, &["--duration", "1500ms", "--no-stats"]);
+    std::thread::sleep(Duration::from_millis(700));
+    assert!(run.child().try_wait().unwrap().is_none(), "the run is still going");
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "no segment with --no-stats");
+    let out = run.finish(Duration::from_secs(30));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("\"drained\":true"), "{}", stdout(&out));
     std::fs::remove_dir_all(&dir).unwrap();
 }

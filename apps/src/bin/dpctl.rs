@@ -184,16 +184,21 @@ fn select(dir: &Path, t: &Target) -> Result<Segment, String> {
                     (by_pid && by_name).then(|| e.to_string())
                 })
                 .collect();
-            match errors.len() {
-                0 => Err(format!("no stats segment for {what} in {}", dir.display())),
-                1 => Err(errors[0].clone()),
-                _ => Err(format!("no readable stats segment for {what}:\n  {}", errors.join("\n  "))),
+            match (errors.len(), pid.is_some() || name.is_some()) {
+                (0, _) => Err(format!("no stats segment for {what} in {}", dir.display())),
+                (1, true) => Err(errors[0].clone()),
+                _ => Err(format!(
+                    "no readable stats segment for {what} in {}; unreadable:\n  {}",
+                    dir.display(),
+                    errors.join("\n  ")
+                )),
             }
         }
         _ => {
             let lines: Vec<String> = found.iter().map(line).collect();
+            let which = if name.is_some() || pid.is_some() { format!("match {what}") } else { "are running".into() };
             Err(format!(
-                "{} segments match ({what}); name one with NAME, --pid N or a path:\n  {}",
+                "{} pipelines {which}; name one (dpctl stats NAME, --pid N or a segment path):\n  {}",
                 found.len(),
                 lines.join("\n  ")
             ))
