@@ -1,8 +1,10 @@
 //! Library part of the `dataplane` binaries: the pipeline runner that turns a
 //! [`dataplane_config::Config`] into pinned [`dataplane::worker::Worker`]s, runs them and
-//! reports.
+//! reports, and the live stats that `dpctl` reads while it runs.
 
 #![warn(missing_docs)]
 
+pub mod json;
 pub mod report;
 pub mod runner;
+pub mod stats;

@@ -1,5 +1,6 @@
 //! The run summary: a text table per worker, QP and stage, or one JSON object.
 
+use crate::json::{number as num, string as js};
 use crate::runner::RunReport;
 use dataplane::worker::StageSummary;
 use std::fmt::Write;
@@ -143,31 +144,6 @@ pub fn text(r: &RunReport) -> String {
         );
     }
     o
-}
-
-fn js(s: &str) -> String {
-    let mut o = String::with_capacity(s.len() + 2);
-    o.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => o.push_str("\\\""),
-            '\\' => o.push_str("\\\\"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(o, "\\u{:04x}", c as u32);
-            }
-            c => o.push(c),
-        }
-    }
-    o.push('"');
-    o
-}
-
-fn num(f: f64) -> String {
-    if f.is_finite() {
-        format!("{f:.6}")
-    } else {
-        "0".into()
-    }
 }
 
 /// The summary as one JSON object (written by hand: no serde_json dependency).

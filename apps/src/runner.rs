@@ -9,6 +9,7 @@
 //! workers are quiet (drain), stop the workers (each moves its QPs to ERROR, drains its CQs
 //! and returns every buffer), then check that every pool has all its buffers back.
 
+use crate::stats;
 use dataplane::mem::{BufferPool, HugePolicy, PageSize as MemPage};
 use dataplane::pipeline::{Clock, Echo, Fanout, Forward, Handler, Sequencer, Sink, Source, SourceLimits, Target};
 use dataplane::shm::{Shm, ShmConfig};
@@ -35,6 +36,8 @@ pub struct RunOptions {
     pub fabric: Option<String>,
     /// Runs without pinning (tests on machines with fewer cores).
     pub no_pin: bool,
+    /// Does not export live stats (no segment for `dpctl`).
+    pub no_stats: bool,
 }
 
 /// A pool's buffer accounting after shutdown.
@@ -122,8 +125,12 @@ where
         pools.insert(p.name.as_str(), (pool, mr));
     }
 
-    let b = build::<P>(cfg, opts, &ctx, &pd, &pools, &ctl, clock)?;
-    let stats: Vec<Arc<WorkerStats>> = b.workers.iter().map(|w| w.stats()).collect();
+    let mut b = build::<P>(cfg, opts, &ctx, &pd, &pools, &ctl, clock)?;
+    // Live stats: the workers' counters move into a shared-memory segment that dpctl reads.
+    let name = opts.fabric.as_deref().unwrap_or(cfg.provider.fabric.as_str());
+    let segment =
+        if opts.no_stats { None } else { Some(stats::export::export(&mut b.workers, &stats::stats_dir(), name)?) };
+    let stats: Vec<WorkerStats> = b.workers.iter().map(|w| w.stats()).collect();
 
     // Start.
     let start = Instant::now();
@@ -140,7 +147,7 @@ where
     // Run.
     let all_limited =
         cfg.stages.iter().filter(|s| *s.kind == StageKind::Source).all(|s| *s.count != 0 || !s.duration.is_zero());
-    let total = |stats: &[Arc<WorkerStats>]| -> (u64, u64) {
+    let total = |stats: &[WorkerStats]| -> (u64, u64) {
         stats.iter().fold((0, 0), |(t, r), s| (t + s.tx_msgs.get(), r + s.rx_msgs.get()))
     };
     let mut last = (0, 0);
@@ -173,6 +180,9 @@ where
 
     // Drain: sources stop; wait until every message sent was received and nothing moves.
     ctl.stop_sources.store(true, Ordering::Release);
+    if let Some(s) = &segment {
+        s.set_state(stats::layout::State::Draining);
+    }
     let drain_start = Instant::now();
     let deadline = drain_start + Duration::from_secs(10);
     let mut drained = false;

@@ -40,6 +40,7 @@ fn main() {
             doorbell_batch: Some(batch),
             fabric: Some(format!("bench-pipeline-{}-{batch}", std::process::id())),
             no_pin: false,
+            no_stats: false,
         };
         let r = runner::run(&cfg, &opts, &stop).unwrap_or_else(|e| {
             eprintln!("{e}");

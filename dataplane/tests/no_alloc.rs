@@ -1,12 +1,16 @@
 //! The worker's steady-state loop allocates nothing: a counting global allocator watches
 //! `Worker::step` on this thread for many iterations after a warm-up, with traffic flowing
-//! (source -> QP a ==rc==> QP b -> echo -> QP b ==rc==> QP a -> sink, all on one worker).
+//! (source -> QP a ==rc==> QP b -> echo -> QP b ==rc==> QP a -> sink, all on one worker), with
+//! its counters moved out of the heap into external memory as for live stats (`move_stats`),
+//! the sink recording into its live latency histogram.
 
 use dataplane::mem::{BufferPool, HugePolicy};
 use dataplane::pipeline::{Clock, Echo, Sink, Source, SourceLimits, Target};
 use dataplane::shm::{Shm, ShmConfig};
 use dataplane::verbs::AccessFlags;
 use dataplane::worker::idle::IdleKind;
+use dataplane::worker::stats::{CounterBlock, LatencyBuckets, QpCounters, Slot, StableWords, StageCounters};
+use dataplane::worker::stats::{WorkerCounters, WorkerSlots};
 use dataplane::worker::{Control, QpParams, Worker, WorkerParams};
 use dataplane::{Context, Mr, Pd, Provider};
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -49,6 +53,40 @@ unsafe impl GlobalAlloc for Counting {
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
+
+/// Memory outside the worker for its counters, like the live-stats segment.
+struct Words(Box<[AtomicU64]>);
+
+// SAFETY: a boxed slice never moves and lives as long as `self`; only accessed atomically.
+unsafe impl StableWords for Words {
+    fn words(&self) -> &[AtomicU64] {
+        &self.0
+    }
+}
+
+/// Moves `w`'s counters into one `Words` block; returns the sink's latency histogram.
+fn move_counters(w: &mut Worker<Shm>) -> Slot<LatencyBuckets> {
+    let shape = w.stats_shape();
+    let (nq, ns) = (shape.qps.len(), shape.stages.len());
+    let words = WorkerCounters::WORDS + nq * QpCounters::WORDS + ns * (StageCounters::WORDS + LatencyBuckets::WORDS);
+    let mem = Arc::new(Words((0..words).map(|_| AtomicU64::new(0)).collect()));
+    let mut at = 0;
+    let mut take = |n: usize| {
+        at += n;
+        at - n
+    };
+    let worker = Slot::in_words(&mem, take(WorkerCounters::WORDS)).unwrap();
+    let qps = (0..nq).map(|_| Slot::in_words(&mem, take(QpCounters::WORDS)).unwrap()).collect();
+    let stages = (0..ns).map(|_| Slot::in_words(&mem, take(StageCounters::WORDS)).unwrap()).collect();
+    let latency: Vec<_> = shape
+        .stages
+        .iter()
+        .map(|s| s.latency.then(|| Slot::<LatencyBuckets>::in_words(&mem, take(LatencyBuckets::WORDS)).unwrap()))
+        .collect();
+    let sink = latency.iter().flatten().next().expect("the sink records latency").clone();
+    w.move_stats(WorkerSlots { worker, qps, stages, latency }).unwrap();
+    sink
+}
 
 #[test]
 fn steady_state_loop_does_not_allocate() {
@@ -93,6 +131,7 @@ fn steady_state_loop_does_not_allocate() {
     w.add_stage("src", "source", Box::new(src), vec![Target::Qp(a as u16)], None);
     w.add_stage("echo", "echo", Box::new(Echo), vec![], Some(b));
     w.add_stage("sink", "sink", Box::new(Sink::new(true, true)), vec![], Some(a));
+    let hist = move_counters(&mut w);
 
     for _ in 0..20_000 {
         w.step();
@@ -113,6 +152,8 @@ fn steady_state_loop_does_not_allocate() {
     let moved = w.stats().rx_msgs.get() - before;
     assert!(moved > 10_000, "traffic must flow during the measurement (moved {moved})");
     assert_eq!(allocs, 0, "{allocs} allocations in 50000 steady-state loop iterations");
+    let recorded: u64 = hist.buckets.iter().map(|c| c.get()).sum();
+    assert!(recorded >= moved / 4, "the sink records into its live histogram ({recorded} of {moved})");
 
     w.teardown();
     let r = w.report();

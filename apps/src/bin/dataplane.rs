@@ -2,13 +2,15 @@
 //!
 //! ```text
 //! dataplane check FILE
-//! dataplane run FILE [--duration 5s] [--json] [--doorbell-batch N] [--fabric NAME] [--no-pin]
+//! dataplane run FILE [--duration 5s] [--json] [--doorbell-batch N] [--fabric NAME] [--no-pin] [--no-stats]
 //! ```
 //!
 //! `check` prints every error on its own line (`file:line:column: field: message; hint`)
 //! and exits 1 if there is any. `run` brings the pipeline up, runs it until `--duration`,
 //! Ctrl-C, or (without `--duration`) until every source reached its limit and the pipeline
-//! went quiet; then drains, checks that no buffer leaked and prints the summary. Exit status:
+//! went quiet; then drains, checks that no buffer leaked and prints the summary. While it runs,
+//! its counters are live in `/dev/shm/dataplane-stats.FABRIC.PID` for `dpctl` (removed at the
+//! end, also after Ctrl-C or SIGTERM; `--no-stats` skips it). Exit status:
 //! 0 on a clean run, 1 on a config or start-up error, 2 when buffers leaked or the drain was
 //! incomplete.
 
@@ -51,6 +53,9 @@ enum Cmd {
         /// Do not pin worker threads.
         #[arg(long)]
         no_pin: bool,
+        /// Do not export live stats for dpctl (no shared-memory segment).
+        #[arg(long)]
+        no_stats: bool,
     },
 }
 
@@ -61,7 +66,8 @@ extern "C" fn on_sigint(_: libc::c_int) {
     INTERRUPTED.store(true, Ordering::Relaxed);
 }
 
-fn install_sigint() {
+/// Ctrl-C and SIGTERM stop the run gracefully (drain, report, remove the stats segment).
+fn install_signals() {
     // SAFETY: FFI; the handler only performs an atomic store, which is async-signal-safe, and
     // the sigaction struct is fully initialized (zeroed, then the handler and mask set).
     unsafe {
@@ -69,6 +75,7 @@ fn install_sigint() {
         sa.sa_sigaction = on_sigint as extern "C" fn(libc::c_int) as usize;
         libc::sigemptyset(&mut sa.sa_mask);
         libc::sigaction(libc::SIGINT, &sa, std::ptr::null_mut());
+        libc::sigaction(libc::SIGTERM, &sa, std::ptr::null_mut());
     }
 }
 
@@ -87,7 +94,7 @@ fn main() {
             Ok(_) => println!("{}: ok", file.display()),
             Err(()) => std::process::exit(1),
         },
-        Cmd::Run { file, duration, json, doorbell_batch, fabric, no_pin } => {
+        Cmd::Run { file, duration, json, doorbell_batch, fabric, no_pin, no_stats } => {
             let duration = match duration.as_deref().map(HumanDuration::parse) {
                 None => None,
                 Some(Ok(d)) => Some(d.0),
@@ -97,8 +104,8 @@ fn main() {
                 }
             };
             let Ok(cfg) = load(&file) else { std::process::exit(1) };
-            install_sigint();
-            let opts = runner::RunOptions { duration, doorbell_batch, fabric, no_pin };
+            install_signals();
+            let opts = runner::RunOptions { duration, doorbell_batch, fabric, no_pin, no_stats };
             match runner::run(&cfg, &opts, &INTERRUPTED) {
                 Ok(r) => {
                     if json {

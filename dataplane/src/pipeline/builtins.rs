@@ -101,9 +101,14 @@ impl Handler for Sink {
                 let lat = cx.now_ns().saturating_sub(ts).max(1);
                 // Values above the bound are clamped; recording never allocates.
                 let _ = h.record(lat.min(h.high()));
+                cx.record_latency(lat);
             }
         }
         cx.drop_msg(msg);
+    }
+
+    fn records_latency(&self) -> bool {
+        self.hist.is_some()
     }
 
     fn report(&self) -> StageReport {

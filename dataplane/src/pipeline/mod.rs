@@ -14,8 +14,8 @@ mod builtins;
 pub use builtins::{Echo, Fanout, Forward, Sequencer, Sink, Source, SourceLimits};
 
 use crate::mem::{Buf, BufferPool, PoolCache};
-use crate::worker::stats::Counter;
-use crossbeam_utils::CachePadded;
+use crate::worker::stats::LatencyBuckets;
+pub use crate::worker::stats::{StageCounters, StageStats};
 use std::collections::VecDeque;
 use std::time::Instant;
 
@@ -90,24 +90,6 @@ pub enum Target {
     Stage(u16),
 }
 
-/// Counters of one stage.
-#[derive(Debug, Default)]
-pub struct StageCounters {
-    /// Messages handed to the stage (or generated, for a source).
-    pub msgs_in: Counter,
-    /// Their bytes.
-    pub bytes_in: Counter,
-    /// Messages the stage passed on.
-    pub msgs_out: Counter,
-    /// Their bytes.
-    pub bytes_out: Counter,
-    /// Messages the stage dropped on purpose (sinks count consumed messages here).
-    pub dropped: Counter,
-}
-
-/// Padded stage counters.
-pub type StageStats = CachePadded<StageCounters>;
-
 /// What a handler reports at shutdown beyond its counters.
 #[derive(Debug, Default, Clone)]
 pub struct StageReport {
@@ -162,7 +144,8 @@ pub struct StageCx<'a> {
     pub(crate) cache: &'a mut PoolCache,
     pub(crate) queue: &'a mut LocalQueue,
     pub(crate) outputs: &'a [Target],
-    pub(crate) stats: &'a StageStats,
+    pub(crate) stats: &'a StageCounters,
+    pub(crate) latency: Option<&'a LatencyBuckets>,
     pub(crate) clock: &'a Clock,
     pub(crate) room: usize,
     pub(crate) stopping: bool,
@@ -272,6 +255,16 @@ impl StageCx<'_> {
     pub fn stats(&self) -> &StageCounters {
         self.stats
     }
+
+    /// Records a latency in the stage's live histogram, if it has one (stages whose
+    /// [`Handler::records_latency`] is true, when the pipeline exports live stats): one
+    /// relaxed counter update, no allocation.
+    #[inline]
+    pub fn record_latency(&self, ns: u64) {
+        if let Some(h) = self.latency {
+            h.record(ns);
+        }
+    }
 }
 
 /// User code of a stage. Called on the worker's thread, in its busy loop: it must not
@@ -294,6 +287,12 @@ pub trait Handler: Send {
     /// Whether the handler sends messages back on the QP they arrived on
     /// ([`StageCx::reply`]); the worker then counts that QP in its back-pressure.
     fn replies(&self) -> bool {
+        false
+    }
+
+    /// Whether the stage calls [`StageCx::record_latency`] (then an exporter gives it a live
+    /// latency histogram).
+    fn records_latency(&self) -> bool {
         false
     }
 

@@ -6,7 +6,7 @@
 //! polled, it and every earlier WR of the QP are done (verbs completes a QP's sends in order),
 //! so their buffers go back to the pool.
 
-use super::stats::{QpStats, WorkerStats};
+use super::stats::{QpStats, WorkerCounters};
 use crate::mem::{Buf, PoolCache};
 use crate::provider::Qp;
 use crate::verbs::{SendChain, SendWr, Sge, WcStatus, WorkCompletion};
@@ -49,7 +49,7 @@ impl<Q: Qp> SendBatch<Q> {
             batch: batch.clamp(1, depth),
             depth,
             lkey,
-            stats: QpStats::default(),
+            stats: QpStats::new(),
         }
     }
 
@@ -68,7 +68,7 @@ impl<Q: Qp> SendBatch<Q> {
     /// doorbell batch. The caller checked [`room`](Self::room); `false` (and the buffer back to
     /// the caller's responsibility) if there was none.
     #[inline]
-    pub fn push(&mut self, buf: Buf, len: u32, w: &WorkerStats, cache: &mut PoolCache) -> bool {
+    pub fn push(&mut self, buf: Buf, len: u32, w: &WorkerCounters, cache: &mut PoolCache) -> bool {
         if self.room() == 0 {
             return false;
         }
@@ -90,7 +90,7 @@ impl<Q: Qp> SendBatch<Q> {
     /// Posts the gathered chain with one doorbell. Buffers of trailing unsignaled WRs come
     /// back with the next signaled completion, or at teardown ([`release_all`](Self::release_all)).
     #[inline]
-    pub fn flush(&mut self, w: &WorkerStats, cache: &mut PoolCache) {
+    pub fn flush(&mut self, w: &WorkerCounters, cache: &mut PoolCache) {
         if self.pending.is_empty() {
             return;
         }
@@ -137,7 +137,7 @@ impl<Q: Qp> SendBatch<Q> {
 
     /// Handles a send completion of this QP: releases the buffers of it and every earlier WR.
     #[inline]
-    pub fn complete(&mut self, wc: &WorkCompletion, w: &WorkerStats, cache: &mut PoolCache) {
+    pub fn complete(&mut self, wc: &WorkCompletion, w: &WorkerCounters, cache: &mut PoolCache) {
         match wc.status {
             WcStatus::Success | WcStatus::WrFlushErr => {}
             WcStatus::RnrRetryExcErr => {

@@ -16,13 +16,16 @@ pub mod srq;
 pub mod stats;
 
 use crate::mem::{BufferPool, PoolCache};
-use crate::pipeline::{Clock, Handler, LocalQueue, StageReport, StageStats, Target};
+use crate::pipeline::{Clock, Handler, LocalQueue, StageReport, Target};
 use crate::provider::{Context, Cq, Pd, Provider, Qp, QpInitAttr};
 use crate::verbs::{Errno, Error, QpAttr, QpCaps, QpState, QpType, Result, SrqAttr, WorkCompletion};
 use batch::SendBatch;
 use idle::{Idle, IdleKind};
 use srq::Replenisher;
-use stats::{QpCounters, WorkerCounters, WorkerStats};
+use stats::{
+    CounterBlock, LatencyBuckets, QpCounters, Slot, StageShape, StageStats, StatsShape, WorkerCounters, WorkerSlots,
+    WorkerStats,
+};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 
@@ -124,6 +127,8 @@ pub(crate) struct StageSlot {
     pub(crate) handler: Box<dyn Handler>,
     pub(crate) outputs: Vec<Target>,
     pub(crate) stats: StageStats,
+    /// Live latency histogram, when exported (`Worker::move_stats`) and the handler records.
+    pub(crate) latency: Option<Slot<LatencyBuckets>>,
 }
 
 /// A snapshot of one QP's counters.
@@ -233,7 +238,7 @@ pub struct Worker<P: Provider> {
     pub(crate) queue: LocalQueue,
     pub(crate) wc: Vec<WorkCompletion>,
     pub(crate) idle: Idle,
-    pub(crate) stats: Arc<WorkerStats>,
+    pub(crate) stats: WorkerStats,
     pub(crate) ctl: Arc<Control>,
     pub(crate) clock: Clock,
     pub(crate) lkey: u32,
@@ -269,7 +274,7 @@ impl<P: Provider> Worker<P> {
         let rcq = ctx.create_cq(p.cq_depth)?;
         let srq = pd.create_srq(&SrqAttr { max_wr: p.srq_depth, max_sge: 1, srq_limit: 0 })?;
         let mut cache = pool.cache(p.cache_size as usize);
-        let stats = Arc::new(WorkerStats::default());
+        let stats = WorkerStats::new();
         let mut srq = Replenisher::new(srq, p.srq_depth, p.srq_low_watermark, p.recv_buffer_size, lkey, &pool);
         srq.refill(&mut cache, &stats);
         let burst = p.poll_burst.max(1) as usize;
@@ -306,9 +311,57 @@ impl<P: Provider> Worker<P> {
         &self.params.name
     }
 
-    /// The worker's live counters.
-    pub fn stats(&self) -> Arc<WorkerStats> {
+    /// The worker's live counters. (A handle taken before [`move_stats`](Self::move_stats)
+    /// keeps showing the old block.)
+    pub fn stats(&self) -> WorkerStats {
         self.stats.clone()
+    }
+
+    /// The worker's counter blocks by name, for an exporter to lay out its memory.
+    pub fn stats_shape(&self) -> StatsShape {
+        StatsShape {
+            name: self.params.name.clone(),
+            core: self.params.core,
+            qps: self.qp_params.iter().map(|q| q.name.clone()).collect(),
+            stages: self
+                .stages
+                .iter()
+                .map(|s| StageShape { name: s.name.clone(), kind: s.kind, latency: s.handler.records_latency() })
+                .collect(),
+        }
+    }
+
+    /// Moves every counter block to `to` (e.g. into a shared-memory segment), carrying the
+    /// current values over, and gives the latency-recording stages their histograms. Call it
+    /// after the QPs and stages are added and before [`run`](Self::run); `to` must match
+    /// [`stats_shape`](Self::stats_shape) (else `EINVAL`).
+    pub fn move_stats(&mut self, to: WorkerSlots) -> Result<()> {
+        let n = self.stages.len();
+        if to.qps.len() != self.batches.len() || to.stages.len() != n || to.latency.len() != n {
+            return Err(Error::new(
+                Errno::EINVAL,
+                format!(
+                    "worker {}: {} QP and {} stage slots for {} QPs and {} stages",
+                    self.params.name,
+                    to.qps.len(),
+                    to.stages.len(),
+                    self.batches.len(),
+                    n
+                ),
+            ));
+        }
+        to.worker.copy_from(&self.stats);
+        self.stats = to.worker;
+        for (b, slot) in self.batches.iter_mut().zip(to.qps) {
+            slot.copy_from(&b.stats);
+            b.stats = slot;
+        }
+        for ((st, slot), lat) in self.stages.iter_mut().zip(to.stages).zip(to.latency) {
+            slot.copy_from(&st.stats);
+            st.stats = slot;
+            st.latency = lat.filter(|_| st.handler.records_latency());
+        }
+        Ok(())
     }
 
     /// Creates an RC QP on the worker's CQs and SRQ, in INIT; returns its index.
@@ -368,7 +421,14 @@ impl<P: Provider> Worker<P> {
             self.qp_stage[q] = Some(idx as u16);
         }
         self.stage_input.push(input_qp.map(|q| q as u16));
-        self.stages.push(StageSlot { name: name.into(), kind, handler, outputs, stats: StageStats::default() });
+        self.stages.push(StageSlot {
+            name: name.into(),
+            kind,
+            handler,
+            outputs,
+            stats: StageStats::new(),
+            latency: None,
+        });
         self.compute_reach();
         // Sized for a burst fanned out to every output of every stage.
         let outs: usize = self.stages.iter().map(|s| s.outputs.len().max(1)).sum();

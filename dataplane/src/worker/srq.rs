@@ -5,7 +5,7 @@
 //! ([`BufferPool::index_of_addr`]). A bitmap of the buffers posted lets shutdown return the
 //! ones still sitting in the SRQ (an SRQ is not flushed when its QPs enter ERROR).
 
-use super::stats::WorkerStats;
+use super::stats::WorkerCounters;
 use crate::mem::{Buf, BufferPool, PoolCache};
 use crate::provider::Srq;
 use crate::verbs::{RecvChain, RecvWr, Sge, SrqAttr, SrqAttrMask};
@@ -86,7 +86,7 @@ impl<S: Srq> Replenisher<S> {
     /// Refills to `depth` with one chained post if under the low watermark (or the limit
     /// event fired). Returns whether it posted.
     #[inline]
-    pub fn maybe_refill(&mut self, cache: &mut PoolCache, w: &WorkerStats) -> bool {
+    pub fn maybe_refill(&mut self, cache: &mut PoolCache, w: &WorkerCounters) -> bool {
         if self.posted >= self.low && !self.limit_hit {
             return false;
         }
@@ -94,7 +94,7 @@ impl<S: Srq> Replenisher<S> {
     }
 
     /// Posts `depth - posted` buffers (as many as the pool gives) in one chain.
-    pub fn refill(&mut self, cache: &mut PoolCache, w: &WorkerStats) -> bool {
+    pub fn refill(&mut self, cache: &mut PoolCache, w: &WorkerCounters) -> bool {
         let want = self.depth - self.posted;
         self.chain.clear();
         for _ in 0..want {
