@@ -148,6 +148,105 @@ pub fn server_exchange_many(
     Ok(remotes)
 }
 
+// Building blocks for programs with their own exchange (dp-perf): the same endpoint message on
+// any stream, a memory descriptor message, and a client connect that waits for the server.
+
+/// Memory a peer may target with RDMA READ/WRITE and atomics: what perftest exchanges next to
+/// the QP's identity (`rkey`, `vaddr`), plus the length, so the peer can check its offsets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RemoteMem {
+    /// Remote key of the memory region.
+    pub rkey: u32,
+    /// Address of its first byte, as the owner's SGEs and the peer's `remote_addr` use it.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+}
+
+/// Size of one memory message: `RRRRRRRR:AAAAAAAAAAAAAAAA:LLLLLLLLLLLLLLLL` (rkey as 8 hex
+/// digits, address and length as 16) followed by a NUL byte.
+pub const MEM_MSG_LEN: usize = 43;
+
+/// Encodes `m` as one memory message.
+pub fn encode_mem(m: &RemoteMem) -> [u8; MEM_MSG_LEN] {
+    let s = format!("{:08x}:{:016x}:{:016x}", m.rkey, m.addr, m.len);
+    let mut out = [0u8; MEM_MSG_LEN];
+    out[..s.len()].copy_from_slice(s.as_bytes());
+    out
+}
+
+/// Decodes one memory message. Errors: `EINVAL` for anything that is not exactly the format.
+pub fn decode_mem(msg: &[u8]) -> Result<RemoteMem> {
+    if msg.len() != MEM_MSG_LEN {
+        return Err(bad(msg, "memory message of the wrong length"));
+    }
+    if msg[MEM_MSG_LEN - 1] != 0 {
+        return Err(bad(msg, "memory message not NUL-terminated"));
+    }
+    if msg[8] != b':' || msg[25] != b':' {
+        return Err(bad(msg, "memory message separators"));
+    }
+    let hex = |r: std::ops::Range<usize>| -> Result<u64> {
+        let s = std::str::from_utf8(&msg[r]).map_err(|_| bad(msg, "not ASCII"))?;
+        if !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(bad(msg, "not hex"));
+        }
+        u64::from_str_radix(s, 16).map_err(|_| bad(msg, "not hex"))
+    };
+    Ok(RemoteMem { rkey: hex(0..8)? as u32, addr: hex(9..25)?, len: hex(26..42)? })
+}
+
+/// Writes `ep` as one exchange message (the rc_pingpong format of [`encode`]) to `w`.
+pub fn write_endpoint(w: &mut impl Write, ep: &Endpoint) -> Result<()> {
+    w.write_all(&encode(ep)).map_err(|e| io_err("sending a connection message", e))
+}
+
+/// Reads one exchange message from `r`. Errors: `EIO` when the peer closes or a read timeout
+/// set on the stream expires, `EINVAL` for a malformed message.
+pub fn read_endpoint(r: &mut impl Read) -> Result<Endpoint> {
+    let mut buf = [0u8; MSG_LEN];
+    r.read_exact(&mut buf).map_err(|e| io_err("reading a connection message", e))?;
+    decode(&buf)
+}
+
+/// Writes `m` as one memory message to `w`.
+pub fn write_mem(w: &mut impl Write, m: &RemoteMem) -> Result<()> {
+    w.write_all(&encode_mem(m)).map_err(|e| io_err("sending a memory message", e))
+}
+
+/// Reads one memory message from `r`; errors as [`read_endpoint`].
+pub fn read_mem(r: &mut impl Read) -> Result<RemoteMem> {
+    let mut buf = [0u8; MEM_MSG_LEN];
+    r.read_exact(&mut buf).map_err(|e| io_err("reading a memory message", e))?;
+    decode_mem(&buf)
+}
+
+/// Connects to `host:port`, retrying refused connections for up to `patience` (a server
+/// started at the same moment may not listen yet). Errors: `EINVAL` for a name that does not
+/// resolve, `EIO` naming the last failure once `patience` is spent.
+pub fn connect_retry(host: &str, port: u16, patience: std::time::Duration) -> Result<TcpStream> {
+    let addrs: Vec<_> = (host, port)
+        .to_socket_addrs()
+        .map_err(|e| Error::new(Errno::EINVAL, format!("cannot resolve {host}:{port}: {e}")))?
+        .collect();
+    let until = std::time::Instant::now() + patience;
+    loop {
+        let mut last = None;
+        for a in &addrs {
+            match TcpStream::connect_timeout(a, patience.max(std::time::Duration::from_millis(100))) {
+                Ok(s) => return Ok(s),
+                Err(e) => last = Some(e),
+            }
+        }
+        let refused = last.as_ref().is_some_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused);
+        if !refused || std::time::Instant::now() >= until {
+            let e = last.map_or_else(|| "no address".to_owned(), |e| e.to_string());
+            return Err(Error::new(Errno::EIO, format!("cannot connect to {host}:{port}: {e}")));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -191,5 +290,48 @@ mod tests {
         let e = client_exchange("127.0.0.1", port, &Endpoint::default()).unwrap_err();
         assert!(e.msg.contains("peer closed early"), "{e}");
         t.join().unwrap();
+    }
+
+    #[test]
+    fn memory_message_round_trip_and_garbage() {
+        let m = RemoteMem { rkey: 0x1234_abcd, addr: 0x7f00_0000_1000, len: 1 << 23 };
+        let b = encode_mem(&m);
+        assert_eq!(&b[..42], b"1234abcd:00007f0000001000:0000000000800000");
+        assert_eq!(decode_mem(&b).unwrap(), m);
+        let mut x = b;
+        x[8] = b'-';
+        assert!(decode_mem(&x).unwrap_err().msg.contains("separators"));
+        let mut x = b;
+        x[3] = b'g';
+        assert!(decode_mem(&x).unwrap_err().msg.contains("not hex"));
+        assert!(decode_mem(&b[..20]).is_err());
+    }
+
+    #[test]
+    fn endpoint_and_memory_over_any_stream() {
+        let ep = Endpoint { lid: 7, qpn: 0x42, psn: 0x123, gid: [3; 16] };
+        let m = RemoteMem { rkey: 9, addr: 4096, len: 64 };
+        let mut wire = Vec::new();
+        write_endpoint(&mut wire, &ep).unwrap();
+        write_mem(&mut wire, &m).unwrap();
+        assert_eq!(wire.len(), MSG_LEN + MEM_MSG_LEN);
+        let mut r = std::io::Cursor::new(wire);
+        assert_eq!(read_endpoint(&mut r).unwrap(), ep);
+        assert_eq!(read_mem(&mut r).unwrap(), m);
+        let e = read_mem(&mut r).unwrap_err();
+        assert!(e.msg.contains("peer closed early"), "{e}");
+    }
+
+    #[test]
+    fn connect_retry_gives_up_with_the_reason() {
+        let port = {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        }; // closed again: connections are refused
+        let t0 = std::time::Instant::now();
+        let e = connect_retry("127.0.0.1", port, std::time::Duration::from_millis(300)).unwrap_err();
+        assert!(t0.elapsed() >= std::time::Duration::from_millis(300), "gave up early");
+        assert!(e.msg.contains(&format!("cannot connect to 127.0.0.1:{port}")), "{e}");
+        assert!(connect_retry("no-such-host.invalid", 1, std::time::Duration::ZERO).is_err());
     }
 }

@@ -1,6 +1,7 @@
 //! Command line: perftest's flags where they mean the same thing.
 
 use clap::{Parser, ValueEnum};
+use std::path::PathBuf;
 
 /// The benchmark to run (perftest's program names without the `ib_` prefix).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -30,6 +31,21 @@ impl Test {
     pub fn is_lat(self) -> bool {
         matches!(self, Test::send_lat | Test::write_lat | Test::read_lat | Test::atomic_lat)
     }
+
+    /// Whether the server takes part in the data path (receives or answers).
+    pub fn server_active(self) -> bool {
+        matches!(self, Test::send_bw | Test::send_lat | Test::write_lat)
+    }
+
+    /// Whether this is an atomic test (8-byte operations).
+    pub fn is_atomic(self) -> bool {
+        matches!(self, Test::atomic_bw | Test::atomic_lat)
+    }
+
+    /// Whether the test uses receives (SEND).
+    pub fn is_send(self) -> bool {
+        matches!(self, Test::send_bw | Test::send_lat)
+    }
 }
 
 /// Transport (`-c`).
@@ -44,52 +60,97 @@ pub enum Conn {
     UD,
 }
 
+/// Provider (`--provider`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[allow(non_camel_case_types)]
+pub enum ProviderKind {
+    /// The shared-memory software NIC (threads or processes of one host).
+    shm,
+    /// rdma-core's libibverbs (real NICs, Soft-RoCE).
+    rdma,
+}
+
+/// Where the other end runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Both ends in this process.
+    Loopback,
+    /// Wait for a client on the TCP port.
+    Server,
+    /// Connect to the server named on the command line.
+    Client,
+}
+
+/// perftest's TCP port.
+pub const DEFAULT_PORT: u16 = 18515;
+/// perftest's JSON file when `--out_json` is given without `--out_json_file`.
+pub const DEFAULT_JSON_FILE: &str = "perftest_out.json";
+
 #[derive(Parser, Debug, Clone)]
-#[command(name = "dp-perf", about = "perftest-style benchmarks on dataplane's providers", version)]
+#[command(
+    name = "dp-perf",
+    about = "perftest-style benchmarks on dataplane's providers",
+    long_about = "perftest-style benchmarks on dataplane's providers.\n\n\
+        Server: `dp-perf TEST [-d DEV -i PORT -x GID] [-p TCP_PORT]`; client: the same with the \
+        server's host name at the end. Both ends in one process: `--loopback`. The client's test \
+        parameters (-s -a -n -D -q -t -r -Q -I -l -c --use-srq --fabric) are sent to the server, \
+        which takes those it was not given and refuses the run when one it was given differs.",
+    version
+)]
 pub struct Args {
     /// Which test.
     #[arg(value_enum)]
     pub test: Test,
-    /// Provider (only `shm` is implemented; `rdma` arrives with issue 4).
-    #[arg(long, default_value = "shm")]
-    pub provider: String,
-    /// Run both ends in this command (server thread on --peer-core). Required for now.
-    #[arg(long)]
+    /// Server to connect to (none: be the server, unless --loopback).
+    #[arg(value_name = "SERVER_HOST")]
+    pub server: Option<String>,
+    /// Provider.
+    #[arg(long, value_enum, default_value = "shm")]
+    pub provider: ProviderKind,
+    /// Run both ends in this process (server thread on --peer-core).
+    #[arg(long, conflicts_with = "server")]
     pub loopback: bool,
-    /// Device name (rdma).
+    /// TCP port of the out-of-band exchange.
+    #[arg(short = 'p', long = "port", default_value_t = DEFAULT_PORT)]
+    pub tcp_port: u16,
+    /// shm: fabric both processes open (default: dp-perf-<TCP port>; --loopback: dp-perf-<pid>).
+    #[arg(long)]
+    pub fabric: Option<String>,
+    /// Device name (rdma; default: the first device).
     #[arg(short = 'd', long = "ib-dev")]
     pub dev: Option<String>,
-    /// Port (rdma).
+    /// Device port (rdma).
     #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
-    pub port: u8,
-    /// GID index (rdma).
+    pub ib_port: u8,
+    /// GID index (rdma; RoCE needs one: 1 is RoCE v2 over IPv4 on rxe).
     #[arg(short = 'x', long = "gid-index", default_value_t = 0)]
     pub gid_index: u8,
     /// Message size in bytes (default: 65536 for bandwidth tests, 2 for latency tests).
     #[arg(short = 's', long)]
     pub size: Option<u64>,
-    /// Sweep sizes 2 .. 2^23.
+    /// Sweep sizes 2 .. 2^23 (UD: up to the MTU).
     #[arg(short = 'a', long = "all")]
     pub all: bool,
-    /// Iterations (default 1000; 5000 for write_bw).
+    /// Iterations per QP (default 1000; 5000 for write_bw).
     #[arg(short = 'n', long = "iters")]
     pub iters: Option<u64>,
     /// Run for this many seconds instead of a number of iterations.
     #[arg(short = 'D', long = "duration")]
     pub duration: Option<f64>,
-    /// Number of QPs (only 1 is implemented).
+    /// Number of QPs (bandwidth tests).
     #[arg(short = 'q', long = "qp", default_value_t = 1)]
     pub qps: u32,
-    /// Send queue depth.
+    /// Send queue depth per QP.
     #[arg(short = 't', long = "tx-depth", default_value_t = 128)]
     pub tx_depth: u32,
-    /// Receive queue depth.
+    /// Receive queue depth per QP (or of the SRQ).
     #[arg(short = 'r', long = "rx-depth", default_value_t = 512)]
     pub rx_depth: u32,
     /// Signal every Nth send (selective signaling).
     #[arg(short = 'Q', long = "cq-mod", default_value_t = 100)]
     pub cq_mod: u32,
-    /// Largest message sent inline (default: 236 for send, 220 for write, 188 for UD; 0 for read/atomic).
+    /// Largest message sent inline (default: 236 for send, 220 for write, 188 for UD, 0 for
+    /// read/atomic; capped at the device's limit unless given).
     #[arg(short = 'I', long = "inline_size")]
     pub inline: Option<u32>,
     /// WRs per post (doorbell batching); forces cq-mod to this value, as perftest does.
@@ -98,7 +159,7 @@ pub struct Args {
     /// Receive through an SRQ (send tests).
     #[arg(long = "use-srq")]
     pub use_srq: bool,
-    /// Require huge pages for the fabric.
+    /// Require huge pages for the memory.
     #[arg(long = "use_hugepages")]
     pub hugepages: bool,
     /// Transport.
@@ -107,39 +168,68 @@ pub struct Args {
     /// Report bandwidth in Gb/s instead of MB/s.
     #[arg(long = "report_gbits")]
     pub gbits: bool,
-    /// Print results as JSON (one object per line, perftest's keys).
+    /// Write the results as JSON (perftest's keys) to --out_json_file.
     #[arg(long = "out_json")]
-    pub json: bool,
+    pub out_json: bool,
+    /// File for --out_json (default perftest_out.json; `-` prints JSON on stdout instead of
+    /// the table). One object per message size, one per line.
+    #[arg(long = "out_json_file", value_name = "FILE")]
+    pub out_json_file: Option<PathBuf>,
     /// Write the latency histogram (HdrHistogram percentile text) to this file.
     #[arg(long)]
-    pub histogram: Option<std::path::PathBuf>,
-    /// Core for the client (this thread); -1 to not pin.
-    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
-    pub core: i64,
-    /// Core for the server thread; -1 to not pin.
+    pub histogram: Option<PathBuf>,
+    /// Core for this side's test thread; -1 to not pin (default: 0 with --loopback, else not
+    /// pinned).
+    #[arg(long, allow_negative_numbers = true)]
+    pub core: Option<i64>,
+    /// --loopback: core for the server thread; -1 to not pin.
     #[arg(long = "peer-core", default_value_t = 1, allow_negative_numbers = true)]
     pub peer_core: i64,
+    /// Seconds without a sign of life from the peer (or without progress) before giving up.
+    #[arg(long = "peer-timeout", default_value_t = 5.0)]
+    pub peer_timeout: f64,
+    /// Accepted for perftest compatibility (its CPU-frequency warning); no effect.
+    #[arg(short = 'F', long = "CPU-freq")]
+    pub cpu_freq: bool,
+    /// Command-line ids given explicitly (filled by main from clap's matches).
+    #[arg(skip)]
+    pub explicit: Vec<String>,
+    /// Sizes agreed with the client (server side).
+    #[arg(skip)]
+    pub agreed_sizes: Option<Vec<u64>>,
 }
 
 impl Args {
+    /// Where the other end runs.
+    pub fn mode(&self) -> Mode {
+        match (&self.server, self.loopback) {
+            (_, true) => Mode::Loopback,
+            (Some(_), false) => Mode::Client,
+            (None, false) => Mode::Server,
+        }
+    }
+
+    /// Whether the flag with clap id `id` was given on the command line.
+    pub fn given(&self, id: &str) -> bool {
+        self.explicit.iter().any(|e| e == id)
+    }
+
     /// Checks combinations perftest also refuses, with a sentence saying why.
     pub fn check(&mut self) -> Result<(), String> {
-        if self.provider != "shm" {
-            return Err(format!(
-                "provider {:?}: only shm is implemented in dp-perf so far (rdma: issue 4)",
-                self.provider
-            ));
+        if self.qps == 0 || self.post_list == 0 || self.cq_mod == 0 || self.tx_depth == 0 || self.rx_depth == 0 {
+            return Err("-q, --post_list, --cq-mod, --tx-depth and --rx-depth must be at least 1".into());
         }
-        if !self.loopback {
-            return Err(
-                "client/server over the network needs the out-of-band exchange (issue 4); use --loopback".into()
-            );
+        if self.qps > 1 && self.test.is_lat() {
+            return Err(format!("-q {}: latency tests use one QP (as perftest's)", self.qps));
         }
-        if self.qps != 1 {
-            return Err("-q: only one QP is implemented so far".into());
+        if self.iters == Some(0) || self.size == Some(0) {
+            return Err("-n and -s must be at least 1".into());
         }
-        if self.post_list == 0 || self.cq_mod == 0 || self.tx_depth == 0 || self.rx_depth == 0 {
-            return Err("--post_list, --cq-mod, --tx-depth and --rx-depth must be at least 1".into());
+        if self.duration.is_some_and(|d| !(d > 0.0 && d.is_finite())) {
+            return Err("-D must be a positive number of seconds".into());
+        }
+        if !(self.peer_timeout > 0.0 && self.peer_timeout.is_finite()) {
+            return Err("--peer-timeout must be a positive number of seconds".into());
         }
         if self.post_list > 1 {
             self.cq_mod = self.post_list;
@@ -164,37 +254,70 @@ impl Args {
             }
             _ => {}
         }
-        if self.use_srq && !matches!(self.test, send_bw | send_lat) {
+        if self.mode() == Mode::Server && self.histogram.is_some() {
+            return Err("--histogram: the client measures the latencies; give it there".into());
+        }
+        if self.use_srq && !self.test.is_send() {
             return Err("--use-srq applies to send tests only".into());
+        }
+        if self.size.is_some_and(|s| s > u32::MAX as u64) {
+            return Err("-s: a message is at most 4 GiB - 1 (ibv_sge's length is 32 bits)".into());
         }
         Ok(())
     }
 
-    /// Sizes to run.
-    pub fn sizes(&self) -> Vec<u64> {
-        let max = if self.conn == Conn::UD { 4096 } else { 1 << 23 };
+    /// Sizes to run; `ud_max` is the largest UD message (the path MTU).
+    pub fn sizes(&self, ud_max: u64) -> Result<Vec<u64>, String> {
+        if let Some(s) = &self.agreed_sizes {
+            return Ok(s.clone());
+        }
+        let max = if self.conn == Conn::UD { ud_max } else { 1 << 23 };
         if self.all {
-            let lo = if matches!(self.test, Test::atomic_bw | Test::atomic_lat) { 8 } else { 2 };
-            (1..=23).map(|e| 1u64 << e).filter(|s| *s >= lo && *s <= max).collect()
-        } else if matches!(self.test, Test::atomic_bw | Test::atomic_lat) {
-            vec![8]
-        } else {
-            vec![self.size.unwrap_or(if self.test.is_lat() { 2 } else { 65536 }).min(max)]
+            let lo = if self.test.is_atomic() { 8 } else { 2 };
+            return Ok((1..=23).map(|e| 1u64 << e).filter(|s| *s >= lo && *s <= max).collect());
+        }
+        if self.test.is_atomic() {
+            return Ok(vec![8]);
+        }
+        match self.size {
+            Some(s) if self.conn == Conn::UD && s > ud_max => {
+                Err(format!("-s {s}: a UD message must fit the path MTU ({ud_max} bytes here)"))
+            }
+            Some(s) => Ok(vec![s]),
+            None => Ok(vec![(if self.test.is_lat() { 2 } else { 65536 }).min(max)]),
         }
     }
 
-    /// Iterations (perftest's defaults).
+    /// Iterations per QP (perftest's defaults).
     pub fn iterations(&self) -> u64 {
         self.iters.unwrap_or(if self.test == Test::write_bw { 5000 } else { 1000 })
     }
 
-    /// Inline threshold.
-    pub fn inline_size(&self) -> u32 {
-        self.inline.unwrap_or(match (self.test, self.conn) {
-            (_, Conn::UD) => 188,
-            (Test::send_bw | Test::send_lat, _) => 236,
-            (Test::write_bw | Test::write_lat, _) => 220,
-            _ => 0,
-        })
+    /// Inline threshold: the flag, or perftest's default capped at the device's `max_inline`.
+    pub fn inline_size(&self, max_inline: u32) -> u32 {
+        self.inline.unwrap_or(
+            match (self.test, self.conn) {
+                (Test::read_bw | Test::read_lat | Test::atomic_bw | Test::atomic_lat, _) => 0,
+                (_, Conn::UD) => 188,
+                (Test::send_bw | Test::send_lat, _) => 236,
+                _ => 220,
+            }
+            .min(max_inline),
+        )
+    }
+
+    /// The JSON destination: `None` (no JSON), `Some("-")` for stdout, or a file.
+    pub fn json_path(&self) -> Option<PathBuf> {
+        match (&self.out_json_file, self.out_json) {
+            (Some(p), _) => Some(p.clone()),
+            (None, true) => Some(PathBuf::from(DEFAULT_JSON_FILE)),
+            (None, false) => None,
+        }
+    }
+
+    /// The core of this side's test thread (`None`: not pinned).
+    pub fn my_core(&self) -> Option<usize> {
+        let c = self.core.unwrap_or(if self.loopback { 0 } else { -1 });
+        (c >= 0).then_some(c as usize)
     }
 }

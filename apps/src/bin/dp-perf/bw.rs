@@ -1,36 +1,60 @@
-//! Bandwidth / message-rate tests: the client keeps up to `tx-depth` WRs outstanding, posts
-//! `post_list` per doorbell, signals every `cq-mod`th; the server receives (send_bw) or stays
-//! passive (write/read/atomic).
+//! Bandwidth / message-rate tests: the client keeps up to `tx-depth` WRs outstanding on each
+//! QP, posts `post_list` per doorbell, signals every `cq-mod`th; the server receives (send_bw)
+//! or stays passive (write/read/atomic).
 
 use crate::args::{Args, Test};
-use crate::setup::{ud_dest, End, Remote};
+use crate::live::Live;
+use crate::setup::{End, Remote, QKEY};
 use dataplane::verbs::*;
-use dataplane::{Cq, Qp, Srq};
-use std::sync::atomic::{AtomicBool, Ordering};
+use dataplane::{Cq, Provider, Qp, Srq};
 use std::time::{Duration, Instant};
 
 /// Result of one bandwidth run.
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Bw {
-    /// Completed operations.
+    /// Completed operations per QP (perftest's `#iterations`).
     pub iters: u64,
+    /// Completed operations over all QPs.
+    pub ops: u64,
     /// Seconds from the first post to the last completion.
     pub secs: f64,
     /// Best rate over any window of at least 1 ms (operations per second).
     pub peak: f64,
 }
 
-/// The work request for operation `i`.
-pub fn wr_for(test: Test, i: u64, size: u64, inline: u32, client: &End, server: &Remote) -> SendWr {
-    let remote = server.addr(i);
-    let rkey = server.rkey;
+/// QP index in the top 16 bits of a wr_id, the per-QP sequence number below.
+const QP_SHIFT: u32 = 48;
+
+/// The wr_id of operation `i` of QP `q`.
+pub fn wr_id(q: usize, i: u64) -> u64 {
+    (q as u64) << QP_SHIFT | i
+}
+
+/// Splits a wr_id into (QP index, sequence number).
+pub fn split_wr_id(id: u64) -> (usize, u64) {
+    ((id >> QP_SHIFT) as usize, id & ((1 << QP_SHIFT) - 1))
+}
+
+/// The work request for operation `i` (`id` its wr_id) towards `server`; `dest` is the UD
+/// destination of the QP (`None` for connected QPs).
+pub fn wr_for(
+    test: Test,
+    id: u64,
+    i: u64,
+    size: u64,
+    inline: u32,
+    dest: Option<(AhHandle, u32)>,
+    server: &Remote,
+) -> SendWr {
+    let (remote, rkey) = (server.addr(i), server.rkey);
     let mut wr = match test {
-        Test::send_bw | Test::send_lat => SendWr::send(i),
-        Test::write_bw | Test::write_lat => SendWr::write(i, remote, rkey),
-        Test::read_bw | Test::read_lat => SendWr::read(i, remote, rkey),
-        Test::atomic_bw | Test::atomic_lat => SendWr::fetch_add(i, server.base(), rkey, 1),
+        Test::send_bw | Test::send_lat => SendWr::send(id),
+        Test::write_bw | Test::write_lat => SendWr::write(id, remote, rkey),
+        Test::read_bw | Test::read_lat => SendWr::read(id, remote, rkey),
+        Test::atomic_bw | Test::atomic_lat => SendWr::fetch_add(id, server.base(), rkey, 1),
     };
-    if let Some((ah, qpn)) = ud_dest(client) {
-        wr = wr.to(ah, qpn, crate::setup::QKEY);
+    if let Some((ah, qpn)) = dest {
+        wr = wr.to(ah, qpn, QKEY);
     }
     if size <= inline as u64 && wr.opcode.inline_allowed() {
         wr = wr.inline();
@@ -38,98 +62,156 @@ pub fn wr_for(test: Test, i: u64, size: u64, inline: u32, client: &End, server: 
     wr
 }
 
-/// Server side of send_bw: keeps receives posted until `stop`, returns how many arrived.
-pub fn serve_recv(e: &mut End, args: &Args, stop: &AtomicBool) -> u64 {
+/// Receive side of send tests: posts `rx-depth` receives on each QP (or on the SRQ), before
+/// the peer is told to start. Receive wr_ids carry the QP index, as sends do.
+pub fn post_initial_recvs<P: Provider>(e: &mut End<P>, args: &Args) {
     let depth = args.rx_depth as u64;
     let mut chain = RecvChain::with_capacity(64, 64);
-    let mut post = |e: &mut End, ids: &mut dyn Iterator<Item = u64>| {
-        chain.clear();
-        for i in ids {
-            chain.push(RecvWr::new(i), &[e.recv_sge(i)]);
+    let targets = if e.srq.is_some() { 1 } else { e.qps.len() };
+    for q in 0..targets {
+        for start in (0..depth).step_by(64) {
+            chain.clear();
+            for i in start..(start + 64).min(depth) {
+                chain.push(RecvWr::new(wr_id(q, i)), &[e.recv_sge(i)]);
+            }
+            post_recvs(e, q, &chain);
         }
-        let r = match e.srq.as_mut() {
-            Some(s) => s.post_recv(&chain),
-            None => e.qp.post_recv(&chain),
-        };
-        r.unwrap_or_else(|err| crate::fail("post_recv", err));
-    };
-    for start in (0..depth).step_by(64) {
-        post(e, &mut (start..(start + 64).min(depth)));
     }
+}
+
+fn post_recvs<P: Provider>(e: &mut End<P>, q: usize, chain: &RecvChain) {
+    let r = match e.srq.as_mut() {
+        Some(s) => s.post_recv(chain),
+        None => e.qps[q].post_recv(chain),
+    };
+    r.unwrap_or_else(|err| crate::fail("post_recv", err));
+}
+
+/// Server side of send_bw (receives already posted): reposts each consumed receive until the
+/// client stops; returns how many arrived.
+pub fn serve_recv<P: Provider>(e: &mut End<P>, live: &mut Live) -> u64 {
+    let targets = if e.srq.is_some() { 1 } else { e.qps.len() };
+    let mut chains: Vec<RecvChain> = (0..targets).map(|_| RecvChain::with_capacity(64, 64)).collect();
     let mut wc = [WorkCompletion::default(); 64];
     let mut got = 0;
     loop {
         let n = e.rcq.poll(&mut wc).unwrap_or_else(|err| crate::fail("poll", err));
         if n == 0 {
-            if stop.load(Ordering::Acquire) {
+            if live.idle() {
                 return got;
             }
             continue;
         }
-        if let Some(w) = wc[..n].iter().find(|w| !w.is_ok()) {
-            crate::fail("receive", w.status);
-        }
+        live.progress();
         got += n as u64;
-        post(e, &mut wc[..n].iter().map(|w| w.wr_id));
+        for w in &wc[..n] {
+            if !w.is_ok() {
+                crate::fail("receive completion", w.status);
+            }
+            let (q, i) = split_wr_id(w.wr_id);
+            let q = q.min(targets - 1);
+            chains[q].push(RecvWr::new(w.wr_id), &[e.recv_sge(i)]);
+        }
+        for (q, chain) in chains.iter_mut().enumerate() {
+            if !chain.is_empty() {
+                post_recvs(e, q, chain);
+                chain.clear();
+            }
+        }
     }
 }
 
-/// Client side: runs `iters` operations (or until `duration`).
-pub fn run_client(test: Test, args: &Args, size: u64, c: &mut End, s: &Remote) -> Bw {
-    let iters = if args.duration.is_some() { u64::MAX } else { args.iterations() };
+/// Client side: `iterations` operations per QP (or until `-D` seconds have passed).
+pub fn run_client<P: Provider>(
+    test: Test,
+    args: &Args,
+    size: u64,
+    inline: u32,
+    c: &mut End<P>,
+    s: &Remote,
+    live: &mut Live,
+) -> Bw {
+    let nq = c.qps.len();
+    let per_qp = if args.duration.is_some() { u64::MAX } else { args.iterations() };
     let deadline = args.duration.map(|d| Instant::now() + Duration::from_secs_f64(d));
     let (pl, cq_mod, depth) = (args.post_list as u64, args.cq_mod as u64, args.tx_depth as u64);
-    let inline = args.inline_size();
+    let len = if test == Test::atomic_bw { 8 } else { size };
     let mut chain = SendChain::with_capacity(pl as usize, pl as usize);
     let mut wc = [WorkCompletion::default(); 64];
-    let (mut posted, mut done) = (0u64, 0u64);
-    let mut limit = iters;
+    let (mut posted, mut done, mut limit) = (vec![0u64; nq], vec![0u64; nq], vec![per_qp; nq]);
+    let mut total = 0u64;
     let start = Instant::now();
     let (mut mark_t, mut mark_n, mut peak) = (start, 0u64, 0f64);
     let mut progress = crate::report::Progress::new(start);
-    while done < limit {
-        while posted < limit && posted - done + pl <= depth {
-            let k = pl.min(limit - posted);
-            chain.clear();
-            for j in 0..k {
-                let i = posted + j;
-                let mut wr = wr_for(test, i, size, inline, c, s);
-                if (i + 1) % cq_mod == 0 || i + 1 == limit || j + 1 == k && k < pl {
-                    wr = wr.signaled();
+    let goal = per_qp.saturating_mul(nq as u64);
+    loop {
+        let mut finished = true;
+        for q in 0..nq {
+            finished &= done[q] >= limit[q];
+            while posted[q] < limit[q] && posted[q] - done[q] + pl <= depth {
+                let k = pl.min(limit[q] - posted[q]);
+                chain.clear();
+                for j in 0..k {
+                    let i = posted[q] + j;
+                    let mut wr = wr_for(test, wr_id(q, i), i, size, inline, c.dests[q], s);
+                    // Every cq_mod-th and the last: completions retire everything before them.
+                    if (i + 1) % cq_mod == 0 || i + 1 == limit[q] {
+                        wr = wr.signaled();
+                    }
+                    chain.push(wr, &[c.sge(i, len)]);
                 }
-                let len = if matches!(test, Test::atomic_bw) { 8 } else { size };
-                chain.push(wr, &[c.sge(i, len)]);
-            }
-            match c.qp.post_send(&chain) {
-                Ok(()) => posted += k,
-                Err(e) if e.errno == Errno::ENOMEM && e.bad_wr == 0 => break,
-                Err(e) => crate::fail("post_send", e),
+                match c.qps[q].post_send(&chain) {
+                    Ok(()) => posted[q] += k,
+                    Err(e) if e.errno == Errno::ENOMEM && e.bad_wr == 0 => break,
+                    Err(e) => crate::fail("post_send", e),
+                }
             }
         }
+        if finished {
+            break;
+        }
         let n = c.scq.poll(&mut wc).unwrap_or_else(|e| crate::fail("poll", e));
+        if n == 0 {
+            live.idle();
+            continue;
+        }
+        live.progress();
         for w in &wc[..n] {
             if !w.is_ok() {
                 crate::fail("send completion", w.status);
             }
-            done = done.max(w.wr_id + 1);
+            let (q, i) = split_wr_id(w.wr_id);
+            if let Some(d) = done.get_mut(q) {
+                total += (i + 1).saturating_sub(*d);
+                *d = (*d).max(i + 1);
+            }
         }
-        if n > 0 {
-            let now = Instant::now();
-            let dt = now.duration_since(mark_t);
-            if dt >= Duration::from_millis(1) {
-                peak = peak.max((done - mark_n) as f64 / dt.as_secs_f64());
-                (mark_t, mark_n) = (now, done);
-                progress.tick(now, done, limit);
-                if deadline.is_some_and(|d| now >= d) && limit == u64::MAX {
-                    limit = posted; // stop posting; drain what is in flight
+        let now = Instant::now();
+        let dt = now.duration_since(mark_t);
+        if dt >= Duration::from_millis(1) {
+            peak = peak.max((total - mark_n) as f64 / dt.as_secs_f64());
+            (mark_t, mark_n) = (now, total);
+            progress.tick(now, total, goal);
+            if deadline.is_some_and(|d| now >= d) && limit[0] == u64::MAX {
+                // Stop at the next signaled WR of each QP, so the last one posted completes.
+                for q in 0..nq {
+                    limit[q] = posted[q].next_multiple_of(cq_mod).max(1);
                 }
             }
         }
     }
     let secs = start.elapsed().as_secs_f64();
-    if std::env::var_os("DP_PERF_DEBUG").is_some() {
-        eprintln!("dp-perf: {} send-queue retries (RNR or unreachable)", c.qp.retries());
+    let avg = total as f64 / secs;
+    Bw { iters: total / nq as u64, ops: total, secs, peak: peak.max(avg) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wr_ids_carry_the_qp() {
+        assert_eq!(split_wr_id(wr_id(0, 77)), (0, 77));
+        assert_eq!(split_wr_id(wr_id(15, (1 << 40) + 3)), (15, (1 << 40) + 3));
     }
-    let avg = done as f64 / secs;
-    Bw { iters: done, secs, peak: peak.max(avg) }
 }

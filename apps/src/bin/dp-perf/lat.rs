@@ -3,57 +3,72 @@
 
 use crate::args::{Args, Test};
 use crate::bw::wr_for;
+use crate::live::Live;
 use crate::setup::{End, Remote};
 use dataplane::verbs::*;
-use dataplane::{Cq, MemRegion, Qp, Srq};
+use dataplane::{Cq, MemRegion, Provider, Qp, Srq};
 use hdrhistogram::Histogram;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-fn post_recv(e: &mut End, i: u64) {
+fn post_recv<P: Provider>(e: &mut End<P>, i: u64) {
     let c = RecvChain::one(i, &[e.recv_sge(i)]);
     match e.srq.as_mut() {
         Some(s) => s.post_recv(&c),
-        None => e.qp.post_recv(&c),
+        None => e.qps[0].post_recv(&c),
     }
     .unwrap_or_else(|err| crate::fail("post_recv", err));
 }
 
-fn wait_recv(e: &mut End, stop: &AtomicBool) -> Option<WorkCompletion> {
+/// Receive side of send_lat (both ends): `rx-depth` receives, before the peer may send.
+pub fn post_initial_recvs<P: Provider>(e: &mut End<P>, args: &Args) {
+    for i in 0..args.rx_depth as u64 {
+        post_recv(e, i);
+    }
+}
+
+/// Waits for one receive; `None` when the peer asked to stop.
+fn wait_recv<P: Provider>(e: &mut End<P>, live: &mut Live) -> Option<WorkCompletion> {
     let mut wc = [WorkCompletion::default()];
     loop {
         if e.rcq.poll(&mut wc).unwrap_or_else(|err| crate::fail("poll", err)) == 1 {
             if !wc[0].is_ok() {
-                crate::fail("receive", wc[0].status);
+                crate::fail("receive completion", wc[0].status);
             }
+            live.progress();
             return Some(wc[0]);
         }
-        if stop.load(Ordering::Acquire) {
+        if live.idle() {
             return None;
         }
     }
 }
 
-/// Posts one WR (signaled every cq-mod, always for one-sided tests) and reaps send
-/// completions without waiting.
-fn post_one(e: &mut End, chain: &mut SendChain, wr: SendWr, sge: Sge, signal: bool) {
+/// Posts one WR (signaled as asked) and reaps send completions without waiting; a full send
+/// queue is drained first.
+fn post_one<P: Provider>(e: &mut End<P>, chain: &mut SendChain, wr: SendWr, sge: Sge, signal: bool, live: &mut Live) {
     chain.clear();
     chain.push(if signal { wr.signaled() } else { wr }, &[sge]);
     loop {
-        match e.qp.post_send(chain) {
+        match e.qps[0].post_send(chain) {
             Ok(()) => break,
-            Err(err) if err.errno == Errno::ENOMEM => reap(e),
+            Err(err) if err.errno == Errno::ENOMEM => {
+                if !reap(e) {
+                    live.idle();
+                }
+            }
             Err(err) => crate::fail("post_send", err),
         }
     }
 }
 
-fn reap(e: &mut End) {
+/// Polls the send CQ once; whether anything completed.
+fn reap<P: Provider>(e: &mut End<P>) -> bool {
     let mut wc = [WorkCompletion::default(); 16];
     let n = e.scq.poll(&mut wc).unwrap_or_else(|err| crate::fail("poll", err));
     if let Some(w) = wc[..n].iter().find(|w| !w.is_ok()) {
         crate::fail("send completion", w.status);
     }
+    n > 0
 }
 
 /// The sequence byte written at the end of message `i` (never 0, so a fresh buffer differs).
@@ -67,21 +82,19 @@ fn last_byte(region: &impl MemRegion, size: u64) -> u8 {
     (word >> ((last & 7) * 8)) as u8
 }
 
-/// Server side of send_lat / write_lat: answers each ping until `stop`.
-pub fn serve(test: Test, args: &Args, size: u64, s: &mut End, c: &Remote, stop: &AtomicBool) {
-    let inline = args.inline_size();
+/// Server side of send_lat / write_lat (receives already posted): answers each ping until the
+/// client stops.
+pub fn serve<P: Provider>(test: Test, args: &Args, size: u64, inline: u32, s: &mut End<P>, c: &Remote, live: &mut Live) {
     let mut chain = SendChain::with_capacity(1, 1);
     let cq_mod = args.cq_mod as u64;
+    let dest = s.dests[0];
     match test {
         Test::send_lat => {
-            for i in 0..args.rx_depth as u64 {
-                post_recv(s, i);
-            }
             let mut i = 0u64;
-            while let Some(w) = wait_recv(s, stop) {
+            while let Some(w) = wait_recv(s, live) {
                 post_recv(s, w.wr_id);
-                let wr = wr_for(test, i, size, inline, s, c);
-                post_one(s, &mut chain, wr, s.sge(0, size), (i + 1) % cq_mod == 0);
+                let wr = wr_for(test, i, i, size, inline, dest, c);
+                post_one(s, &mut chain, wr, s.sge(0, size), (i + 1) % cq_mod == 0, live);
                 reap(s);
                 i += 1;
             }
@@ -91,14 +104,15 @@ pub fn serve(test: Test, args: &Args, size: u64, s: &mut End, c: &Remote, stop: 
             loop {
                 let want = seq_byte(i);
                 while last_byte(&s.region, size) != want {
-                    if stop.load(Ordering::Acquire) {
+                    if live.idle() {
                         return;
                     }
                 }
+                live.progress();
                 // Reply from slot 1 into the client's slot 0 (we poll our slot 0).
                 s.region.fill(s.slot as usize + size as usize - 1, 1, want);
-                let wr = wr_for(test, 0, size, inline, s, c);
-                post_one(s, &mut chain, wr, s.sge(1, size), (i + 1) % cq_mod == 0);
+                let wr = wr_for(test, 0, 0, size, inline, dest, c);
+                post_one(s, &mut chain, wr, s.sge(1, size), (i + 1) % cq_mod == 0, live);
                 reap(s);
                 i += 1;
             }
@@ -107,28 +121,33 @@ pub fn serve(test: Test, args: &Args, size: u64, s: &mut End, c: &Remote, stop: 
     }
 }
 
-/// Client side: `iters` samples in nanoseconds (half or full round trip).
-pub fn run_client(test: Test, args: &Args, size: u64, c: &mut End, s: &Remote, stop: &AtomicBool) -> Histogram<u64> {
-    let iters = args.iterations();
-    let inline = args.inline_size();
-    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("histogram bounds");
+/// Client side (receives already posted for send_lat): `iterations` samples (or `-D`
+/// seconds' worth) in nanoseconds, half or full round trip.
+pub fn run_client<P: Provider>(
+    test: Test,
+    args: &Args,
+    size: u64,
+    inline: u32,
+    c: &mut End<P>,
+    s: &Remote,
+    live: &mut Live,
+) -> Histogram<u64> {
+    let iters = if args.duration.is_some() { u64::MAX } else { args.iterations() };
+    let deadline = args.duration.map(|d| Instant::now() + Duration::from_secs_f64(d));
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("constant histogram bounds");
     let mut chain = SendChain::with_capacity(1, 1);
     let cq_mod = args.cq_mod as u64;
+    let dest = c.dests[0];
     let start = Instant::now();
     let mut progress = crate::report::Progress::new(start);
-    if test == Test::send_lat {
-        for i in 0..args.rx_depth as u64 {
-            post_recv(c, i);
-        }
-    }
     let mut wc = [WorkCompletion::default()];
     for i in 0..iters {
         let t0 = Instant::now();
         let sample = match test {
             Test::send_lat => {
-                let wr = wr_for(test, i, size, inline, c, s);
-                post_one(c, &mut chain, wr, c.sge(0, size), (i + 1) % cq_mod == 0);
-                let w = wait_recv(c, stop).expect("not stopped");
+                let wr = wr_for(test, i, i, size, inline, dest, s);
+                post_one(c, &mut chain, wr, c.sge(0, size), (i + 1) % cq_mod == 0, live);
+                let Some(w) = wait_recv(c, live) else { crate::fail("send_lat", "stopped while waiting for a reply") };
                 post_recv(c, w.wr_id);
                 let ns = t0.elapsed().as_nanos() as u64 / 2;
                 reap(c);
@@ -138,18 +157,24 @@ pub fn run_client(test: Test, args: &Args, size: u64, c: &mut End, s: &Remote, s
                 let want = seq_byte(i);
                 // Send from slot 1 into the server's slot 0; the echo lands in our slot 0.
                 c.region.fill(c.slot as usize + size as usize - 1, 1, want);
-                let wr = wr_for(test, 0, size, inline, c, s);
-                post_one(c, &mut chain, wr, c.sge(1, size), (i + 1) % cq_mod == 0);
-                while last_byte(&c.region, size) != want {}
+                let wr = wr_for(test, 0, 0, size, inline, dest, s);
+                post_one(c, &mut chain, wr, c.sge(1, size), (i + 1) % cq_mod == 0, live);
+                while last_byte(&c.region, size) != want {
+                    live.idle();
+                }
+                live.progress();
                 let ns = t0.elapsed().as_nanos() as u64 / 2;
                 reap(c);
                 ns
             }
             _ => {
                 let len = if test == Test::atomic_lat { 8 } else { size };
-                let wr = wr_for(test, i, size, 0, c, s);
-                post_one(c, &mut chain, wr, c.sge(0, len), true);
-                while c.scq.poll(&mut wc).unwrap_or_else(|e| crate::fail("poll", e)) == 0 {}
+                let wr = wr_for(test, i, i, size, 0, dest, s);
+                post_one(c, &mut chain, wr, c.sge(0, len), true, live);
+                while c.scq.poll(&mut wc).unwrap_or_else(|e| crate::fail("poll", e)) == 0 {
+                    live.idle();
+                }
+                live.progress();
                 if !wc[0].is_ok() {
                     crate::fail("completion", wc[0].status);
                 }
@@ -157,8 +182,12 @@ pub fn run_client(test: Test, args: &Args, size: u64, c: &mut End, s: &Remote, s
             }
         };
         hist.record(sample.max(1)).ok();
-        if i % 4096 == 0 {
-            progress.tick(Instant::now(), i, iters);
+        if i % 1024 == 0 {
+            let now = Instant::now();
+            progress.tick(now, i, iters);
+            if deadline.is_some_and(|d| now >= d) {
+                break;
+            }
         }
     }
     hist

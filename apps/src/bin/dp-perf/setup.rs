@@ -1,45 +1,239 @@
-//! Both ends of a test on one `shm` fabric: a client and a server, each with its own context
-//! ("port"), PD, memory, CQs and QP, connected to each other.
+//! One end of a test, generic over the provider: memory, CQs, `-q` QPs (and an SRQ), brought
+//! to RTS towards the other end's endpoints. [`Backend`] holds the little that differs between
+//! providers: how to open the device and what to call it.
 
-use crate::args::{Args, Conn};
+use crate::args::{Args, Conn, Mode};
+use dataplane::conn::RemoteMem;
 use dataplane::mem::{HugePolicy, PageSize};
+use dataplane::rdma::{Rdma, RdmaConfig};
 use dataplane::shm::{Shm, ShmConfig};
 use dataplane::verbs::*;
 use dataplane::{Ah, Context, Mr, Pd, Provider, Qp, QpInitAttr};
 
-type P = Shm;
+/// Q_Key used for UD.
+pub const QKEY: u32 = 0x1111_1111;
+
+/// Registered memory per end is capped near this (perftest also cycles through one buffer):
+/// large messages get fewer slots, reused round robin.
+const MEM_CAP: u64 = 64 << 20;
+
+/// What differs between providers. The objects of one end move to its test thread.
+pub trait Backend:
+    Provider<Region: Send, Mr: Send, Cq: Send, Qp: Send, Srq: Send, Ah: Send, Pd: Send, Context: Sync>
+{
+    /// Minimum RNR NAK timer code for RC receivers: shm retries in software, so the shortest
+    /// (10 µs); rdma uses perftest's 12 (0.64 ms).
+    const RNR_TIMER: u8;
+    /// Opens the device for the whole run. `mem` is the largest memory one end registers (the
+    /// shm fabric holds both ends', whether in one process or two).
+    fn open_dev(args: &Args, mem: u64) -> Result<Self::Context>;
+    /// Device name for the report.
+    fn dev_name(ctx: &Self::Context) -> String;
+    /// Checks `--use_hugepages` on memory from `alloc_region`.
+    fn check_huge(region: &Self::Region) -> std::result::Result<(), String>;
+}
+
+impl Backend for Shm {
+    const RNR_TIMER: u8 = 1;
+
+    fn open_dev(args: &Args, mem: u64) -> Result<Self::Context> {
+        let huge = if args.hugepages { HugePolicy::Require(PageSize::Huge2M) } else { HugePolicy::default() };
+        // Both ends' memory plus tables and rings (generous: a few MiB per QP).
+        let rings = (16 << 20) + (4 << 20) * args.qps as u64;
+        let size = (mem * 2 + rings).next_multiple_of(2 << 20);
+        Shm::open(&ShmConfig { fabric: shm_fabric(args), size: size as usize, huge })
+    }
+
+    fn dev_name(ctx: &Self::Context) -> String {
+        format!("shm:{}", ctx.fabric_name())
+    }
+
+    fn check_huge(_: &Self::Region) -> std::result::Result<(), String> {
+        Ok(()) // the fabric was opened with HugePolicy::Require
+    }
+}
+
+impl Backend for Rdma {
+    const RNR_TIMER: u8 = 12;
+
+    fn open_dev(args: &Args, _: u64) -> Result<Self::Context> {
+        Rdma::open(&RdmaConfig { device: args.dev.clone(), port: args.ib_port, gid_index: args.gid_index })
+    }
+
+    fn dev_name(ctx: &Self::Context) -> String {
+        ctx.name().to_owned()
+    }
+
+    fn check_huge(region: &Self::Region) -> std::result::Result<(), String> {
+        let b = region.backing();
+        if b.is_huge() {
+            return Ok(());
+        }
+        Err(format!("--use_hugepages: no huge pages for the buffers ({})", b.fallback_reason().unwrap_or("none free")))
+    }
+}
+
+/// The shm fabric name: `--fabric`, else one per process (loopback) or per TCP port (both
+/// processes of a client/server pair derive the same one).
+pub fn shm_fabric(args: &Args) -> String {
+    match (&args.fabric, args.mode()) {
+        (Some(f), _) => f.clone(),
+        (None, Mode::Loopback) => format!("dp-perf-{}", std::process::id()),
+        (None, _) => format!("dp-perf-{}", args.tcp_port),
+    }
+}
+
+/// Bytes per buffer slot for messages of `size` (room for UD's GRH, 64-byte aligned).
+pub fn slot_len(size: u64) -> u64 {
+    (size + GRH_LEN as u64).next_multiple_of(64)
+}
+
+/// Number of slots for messages of `size`: one per queue entry, at most [`MEM_CAP`] bytes.
+pub fn slot_count(args: &Args, size: u64) -> u64 {
+    let want = (args.rx_depth.max(args.tx_depth) as u64).max(2);
+    want.min((MEM_CAP / slot_len(size)).max(2))
+}
 
 /// One end of a test.
-pub struct End {
-    /// The context (objects hold it alive too; kept for clarity of ownership).
-    _ctx: <P as Provider>::Context,
-    /// Memory: `slots` message buffers of `size` bytes (plus UD's GRH area).
-    pub region: <P as Provider>::Region,
+pub struct End<P: Provider> {
+    /// Memory: `slots` message buffers of `slot` bytes.
+    pub region: P::Region,
     /// Its registration.
-    pub mr: <P as Provider>::Mr,
-    /// Send CQ.
-    pub scq: <P as Provider>::Cq,
-    /// Receive CQ.
-    pub rcq: <P as Provider>::Cq,
-    /// The QP.
-    pub qp: <P as Provider>::Qp,
+    pub mr: P::Mr,
+    /// Send CQ of all QPs.
+    pub scq: P::Cq,
+    /// Receive CQ of all QPs.
+    pub rcq: P::Cq,
+    /// The QPs.
+    pub qps: Vec<P::Qp>,
     /// SRQ, with --use-srq.
-    pub srq: Option<<P as Provider>::Srq>,
-    /// UD: address handle of the peer.
-    pub ah: Option<<P as Provider>::Ah>,
-    /// UD: the peer's QPN.
-    pub peer_qpn: u32,
+    pub srq: Option<P::Srq>,
+    /// UD: destination (address handle, QPN) of each QP's peer.
+    pub dests: Vec<Option<(AhHandle, u32)>>,
     /// Bytes per buffer slot.
     pub slot: u64,
     /// Number of slots.
     pub slots: u64,
-    _pd: <P as Provider>::Pd,
+    ahs: Vec<P::Ah>,
+    psn: u32,
+    pd: P::Pd,
 }
 
-/// Q_Key used for UD.
-pub const QKEY: u32 = 0x1111_1111;
+impl<P: Backend> End<P> {
+    /// Creates the resources for messages of `size` and brings the QPs to INIT.
+    /// `server` selects the receive side's SRQ (--use-srq).
+    pub fn open(ctx: &P::Context, args: &Args, size: u64, inline: u32, server: bool) -> Result<End<P>> {
+        let (slot, slots) = (slot_len(size), slot_count(args, size));
+        let mem = (slot * slots) as usize;
+        let pd = ctx.alloc_pd()?;
+        let region = ctx.alloc_region(mem)?;
+        if args.hugepages {
+            P::check_huge(&region).map_err(|e| Error::new(Errno::ENOMEM, e))?;
+        }
+        let access = AccessFlags::LOCAL_WRITE
+            | AccessFlags::REMOTE_WRITE
+            | AccessFlags::REMOTE_READ
+            | AccessFlags::REMOTE_ATOMIC;
+        let mr = pd.reg_mr(&region, 0, mem, access)?;
+        let nq = args.qps;
+        let scq = ctx.create_cq((args.tx_depth * nq).max(64))?;
+        let srq = if server && args.use_srq {
+            Some(pd.create_srq(&SrqAttr { max_wr: args.rx_depth, max_sge: 1, srq_limit: 0 })?)
+        } else {
+            None
+        };
+        let rcq = ctx.create_cq((args.rx_depth * if srq.is_some() { 1 } else { nq }).max(64))?;
+        let qp_type = match args.conn {
+            Conn::RC => QpType::Rc,
+            Conn::UC => QpType::Uc,
+            Conn::UD => QpType::Ud,
+        };
+        let cap = QpCaps {
+            max_send_wr: args.tx_depth,
+            max_recv_wr: if srq.is_some() { 0 } else { args.rx_depth },
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: inline,
+        };
+        let remote = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
+        let init = QpAttr { state: QpState::Init, port_num: args.ib_port, qkey: QKEY, access: remote, ..Default::default() };
+        let mut qps = Vec::with_capacity(nq as usize);
+        for _ in 0..nq {
+            let attr =
+                QpInitAttr { send_cq: &scq, recv_cq: &rcq, srq: srq.as_ref(), cap, qp_type, sq_sig_all: false };
+            let mut qp = pd.create_qp(&attr)?;
+            qp.modify(&init)?;
+            qps.push(qp);
+        }
+        let psn = (std::process::id().wrapping_mul(2654435761) ^ size as u32) & 0xff_ffff;
+        let dests = vec![None; nq as usize];
+        Ok(End { region, mr, scq, rcq, qps, srq, dests, slot, slots, ahs: Vec::new(), psn, pd })
+    }
 
-impl End {
+    fn psn_of(&self, q: usize) -> u32 {
+        (self.psn + q as u32 * 0x1000) & 0xff_ffff
+    }
+
+    /// The QPs' identities for the exchange.
+    pub fn endpoints(&self, gid_index: u8) -> Result<Vec<Endpoint>> {
+        let mut out = Vec::with_capacity(self.qps.len());
+        for (q, qp) in self.qps.iter().enumerate() {
+            let mut ep = qp.endpoint(gid_index)?;
+            ep.psn = self.psn_of(q);
+            out.push(ep);
+        }
+        Ok(out)
+    }
+
+    /// The memory the peer may target.
+    pub fn mem(&self) -> RemoteMem {
+        RemoteMem { rkey: self.mr.rkey(), addr: self.mr.addr(), len: self.slot * self.slots }
+    }
+
+    /// Brings QP `q` to RTS towards `peers[q]` (UD: makes an address handle for each peer).
+    pub fn connect(&mut self, args: &Args, peers: &[Endpoint]) -> Result<()> {
+        if peers.len() != self.qps.len() {
+            return Err(Error::new(
+                Errno::EINVAL,
+                format!("the peer has {} QPs, this end {}", peers.len(), self.qps.len()),
+            ));
+        }
+        for (q, peer) in peers.iter().enumerate() {
+            let ah = AhAttr {
+                dlid: peer.lid,
+                is_global: peer.gid != [0; 16],
+                dgid: peer.gid,
+                sgid_index: args.gid_index,
+                hop_limit: 64,
+                port_num: args.ib_port,
+                ..Default::default()
+            };
+            let rtr = QpAttr {
+                state: QpState::Rtr,
+                dest_qp_num: peer.qpn,
+                rq_psn: peer.psn,
+                ah,
+                path_mtu: 4096, // the rdma provider lowers it to the port's active MTU
+                min_rnr_timer: P::RNR_TIMER,
+                max_dest_rd_atomic: 0, // the device's maximum
+                ..Default::default()
+            };
+            let psn = self.psn_of(q);
+            let qp = &mut self.qps[q];
+            qp.modify(&rtr)?;
+            qp.modify(&QpAttr { state: QpState::Rts, sq_psn: psn, rnr_retry: 7, max_rd_atomic: 0, ..Default::default() })?;
+            if qp.qp_type() == QpType::Ud {
+                let a = self.pd.create_ah(&ah)?;
+                self.dests[q] = Some((a.handle(), peer.qpn));
+                self.ahs.push(a);
+            }
+        }
+        Ok(())
+    }
+
+}
+
+impl<P: Provider> End<P> {
     /// Address of slot `i`.
     pub fn addr(&self, i: u64) -> u64 {
         self.mr.addr() + (i % self.slots) * self.slot
@@ -56,72 +250,7 @@ impl End {
     }
 }
 
-fn open_end(args: &Args, fabric: &str, size: u64, slots: u64, srq: bool) -> Result<End> {
-    let huge = if args.hugepages { HugePolicy::Require(PageSize::Huge2M) } else { HugePolicy::default() };
-    let slot = (size + GRH_LEN as u64).next_multiple_of(64).max(64);
-    let mem = slot * slots;
-    let fabric_size = ((mem * 2 + (16 << 20)) as usize).next_multiple_of(2 << 20);
-    let ctx = P::open(&ShmConfig { fabric: fabric.into(), size: fabric_size, huge })?;
-    let pd = ctx.alloc_pd()?;
-    let region = ctx.alloc_region(mem as usize)?;
-    let access =
-        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
-    let mr = pd.reg_mr(&region, 0, mem as usize, access)?;
-    let scq = ctx.create_cq(args.tx_depth.max(64))?;
-    let rcq = ctx.create_cq(args.rx_depth.max(64))?;
-    let srq =
-        if srq { Some(pd.create_srq(&SrqAttr { max_wr: args.rx_depth, max_sge: 1, srq_limit: 0 })?) } else { None };
-    let qp_type = match args.conn {
-        Conn::RC => QpType::Rc,
-        Conn::UC => QpType::Uc,
-        Conn::UD => QpType::Ud,
-    };
-    let cap = QpCaps {
-        max_send_wr: args.tx_depth,
-        max_recv_wr: args.rx_depth,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: args.inline_size(),
-    };
-    let attr = QpInitAttr { send_cq: &scq, recv_cq: &rcq, srq: srq.as_ref(), cap, qp_type, sq_sig_all: false };
-    let mut qp = pd.create_qp(&attr)?;
-    let remote = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
-    qp.modify(&QpAttr { state: QpState::Init, qkey: QKEY, access: remote, ..Default::default() })?;
-    Ok(End { _ctx: ctx, region, mr, scq, rcq, qp, srq, ah: None, peer_qpn: 0, slot, slots, _pd: pd })
-}
-
-fn to_rts(e: &mut End, peer: &Endpoint) -> Result<()> {
-    let rtr =
-        QpAttr { state: QpState::Rtr, dest_qp_num: peer.qpn, min_rnr_timer: 1, path_mtu: 4096, ..Default::default() };
-    e.qp.modify(&rtr)?;
-    e.qp.modify(&QpAttr { state: QpState::Rts, rnr_retry: 7, ..Default::default() })?;
-    if e.qp.qp_type() == QpType::Ud {
-        let ah = e._pd.create_ah(&AhAttr {
-            dlid: peer.lid,
-            is_global: true,
-            dgid: peer.gid,
-            port_num: 1,
-            ..Default::default()
-        })?;
-        e.ah = Some(ah);
-        e.peer_qpn = peer.qpn;
-    }
-    Ok(())
-}
-
-/// Builds and connects the two ends for one message size.
-pub fn pair(args: &Args, size: u64) -> Result<(End, End)> {
-    let fabric = format!("dp-perf-{}", std::process::id());
-    let slots = (args.rx_depth.max(args.tx_depth) as u64).max(2);
-    let mut client = open_end(args, &fabric, size, slots, false)?;
-    let mut server = open_end(args, &fabric, size, slots, args.use_srq)?;
-    let (ec, es) = (client.qp.endpoint(0)?, server.qp.endpoint(0)?);
-    to_rts(&mut client, &es)?;
-    to_rts(&mut server, &ec)?;
-    Ok((client, server))
-}
-
-/// What one end needs to know about the other's memory: the out-of-band data.
+/// What one end needs to know about the other's memory.
 #[derive(Clone, Copy)]
 pub struct Remote {
     base: u64,
@@ -132,9 +261,13 @@ pub struct Remote {
 }
 
 impl Remote {
-    /// The peer's buffer descriptor.
-    pub fn of(e: &End) -> Remote {
-        Remote { base: e.mr.addr(), rkey: e.mr.rkey(), slot: e.slot, slots: e.slots }
+    /// The peer's memory as exchanged, cut in slots of `slot` bytes (the same cut the peer
+    /// made). Errors when it does not hold one slot.
+    pub fn new(m: &RemoteMem, slot: u64) -> std::result::Result<Remote, String> {
+        if m.len < slot || slot == 0 {
+            return Err(format!("the peer's buffer ({} bytes) is smaller than one message slot ({slot})", m.len));
+        }
+        Ok(Remote { base: m.addr, rkey: m.rkey, slot, slots: m.len / slot })
     }
 
     /// Address of the peer's slot `i`.
@@ -142,13 +275,8 @@ impl Remote {
         self.base + (i % self.slots) * self.slot
     }
 
-    /// The peer's first byte (the atomic target).
+    /// The peer's first byte (the atomic target, 8-byte aligned).
     pub fn base(&self) -> u64 {
         self.base
     }
-}
-
-/// The UD destination of `e`'s peer (zeroed for connected QPs).
-pub fn ud_dest(e: &End) -> Option<(AhHandle, u32)> {
-    e.ah.as_ref().map(|a| (a.handle(), e.peer_qpn))
 }

@@ -1,0 +1,229 @@
+//! The test parameters both ends must agree on, as the one line the client sends first.
+//!
+//! The server takes each parameter it was not given on its command line from the client, and
+//! refuses the run with a sentence naming the flag when one it was given differs: a server can
+//! be started with just the test name, and a mismatch is never silently measured.
+
+use crate::args::{Args, Conn, ProviderKind};
+use clap::ValueEnum;
+
+/// First word of the line; a different one means another dp-perf version.
+const VERSION: &str = "dp-perf/1";
+
+/// The client's line (`sizes` resolved against its device).
+pub fn to_wire(a: &Args, sizes: &[u64], fabric: &str) -> String {
+    let list: Vec<String> = sizes.iter().map(u64::to_string).collect();
+    format!(
+        "{VERSION} test={} provider={} conn={:?} sizes={} iters={} duration={} qps={} tx_depth={} rx_depth={} \
+         cq_mod={} post_list={} inline={} srq={} fabric={fabric}",
+        name(a.test),
+        name(a.provider),
+        a.conn,
+        list.join(","),
+        a.iterations(),
+        a.duration.map_or("none".into(), |d| d.to_string()),
+        a.qps,
+        a.tx_depth,
+        a.rx_depth,
+        a.cq_mod,
+        a.post_list,
+        a.inline.map_or("auto".into(), |v| v.to_string()),
+        a.use_srq as u8,
+    )
+}
+
+fn name<T: ValueEnum>(v: T) -> String {
+    v.to_possible_value().map_or_else(String::new, |p| p.get_name().to_owned())
+}
+
+const KEYS: [&str; 14] = [
+    "test",
+    "provider",
+    "conn",
+    "sizes",
+    "iters",
+    "duration",
+    "qps",
+    "tx_depth",
+    "rx_depth",
+    "cq_mod",
+    "post_list",
+    "inline",
+    "srq",
+    "fabric",
+];
+
+/// Server side: takes the client's `line` into `a` (see the module doc). `fabric` is the
+/// server's shm fabric name. Errors: one sentence per refused parameter.
+pub fn adopt(a: &mut Args, line: &str, fabric: &str) -> Result<(), String> {
+    let mut words = line.split(' ');
+    let v = words.next().unwrap_or("");
+    if v != VERSION {
+        return Err(format!("the client speaks {v:?}, this server {VERSION:?} (use the same dp-perf on both sides)"));
+    }
+    let mut seen = Vec::with_capacity(KEYS.len());
+    for w in words {
+        let (k, theirs) =
+            w.split_once('=').ok_or_else(|| format!("malformed parameter {w:?} from the client (want key=value)"))?;
+        if !KEYS.contains(&k) || seen.contains(&k) {
+            return Err(format!("unknown or repeated parameter {k:?} from the client (same dp-perf on both sides?)"));
+        }
+        seen.push(k);
+        take(a, k, theirs, fabric)?;
+    }
+    if let Some(k) = KEYS.iter().find(|k| !seen.contains(k)) {
+        return Err(format!("the client did not send parameter {k:?} (same dp-perf on both sides?)"));
+    }
+    a.check()
+}
+
+fn take(a: &mut Args, key: &str, theirs: &str, fabric: &str) -> Result<(), String> {
+    let num = |t: &str| t.parse::<u64>().map_err(|_| format!("the client sent {key}={t:?}, not a number"));
+    let num32 = |t: &str| t.parse::<u32>().map_err(|_| format!("the client sent {key}={t:?}, not a number"));
+    match key {
+        "test" if theirs != name(a.test) => {
+            Err(format!("the client runs {theirs}, this server {} (run the same test on both sides)", name(a.test)))
+        }
+        "provider" if theirs != name(a.provider) => Err(format!(
+            "the client uses --provider {theirs}, this server --provider {}",
+            name(a.provider)
+        )),
+        "test" | "provider" => Ok(()),
+        "conn" => {
+            let c = Conn::from_str(theirs, true).map_err(|_| format!("the client sent conn={theirs:?}"))?;
+            agree(a, &["conn"], "-c", format!("{:?}", a.conn), theirs, |a| a.conn = c)
+        }
+        "sizes" => {
+            let list: Vec<u64> = theirs.split(',').map(num).collect::<Result<_, _>>()?;
+            if list.is_empty() || list.contains(&0) {
+                return Err(format!("the client sent sizes={theirs:?}"));
+            }
+            let cap = list.iter().copied().max().unwrap_or(0);
+            let mine = a.sizes(cap).map(|s| s.iter().map(u64::to_string).collect::<Vec<_>>().join(","));
+            let mine = mine.unwrap_or_else(|e| e);
+            agree(a, &["size", "all"], "-s/-a", mine, theirs, |a| a.agreed_sizes = Some(list))
+        }
+        "iters" => {
+            let n = num(theirs)?;
+            agree(a, &["iters"], "-n", a.iterations().to_string(), theirs, |a| a.iters = Some(n))
+        }
+        "duration" => {
+            let d = match theirs {
+                "none" => None,
+                t => Some(t.parse::<f64>().map_err(|_| format!("the client sent duration={t:?}"))?),
+            };
+            let mine = a.duration.map_or("none".into(), |d| d.to_string());
+            agree(a, &["duration"], "-D", mine, theirs, |a| a.duration = d)
+        }
+        "qps" => {
+            let n = num32(theirs)?;
+            agree(a, &["qps"], "-q", a.qps.to_string(), theirs, |a| a.qps = n)
+        }
+        "tx_depth" => {
+            let n = num32(theirs)?;
+            agree(a, &["tx_depth"], "-t", a.tx_depth.to_string(), theirs, |a| a.tx_depth = n)
+        }
+        "rx_depth" => {
+            let n = num32(theirs)?;
+            agree(a, &["rx_depth"], "-r", a.rx_depth.to_string(), theirs, |a| a.rx_depth = n)
+        }
+        "cq_mod" => {
+            let n = num32(theirs)?;
+            agree(a, &["cq_mod"], "-Q", a.cq_mod.to_string(), theirs, |a| a.cq_mod = n)
+        }
+        "post_list" => {
+            let n = num32(theirs)?;
+            agree(a, &["post_list"], "-l", a.post_list.to_string(), theirs, |a| a.post_list = n)
+        }
+        "inline" => {
+            let v = match theirs {
+                "auto" => None,
+                t => Some(num32(t)?),
+            };
+            let mine = a.inline.map_or("auto".into(), |v| v.to_string());
+            agree(a, &["inline"], "-I", mine, theirs, |a| a.inline = v)
+        }
+        "srq" => {
+            let on = theirs == "1";
+            agree(a, &["use_srq"], "--use-srq", (a.use_srq as u8).to_string(), theirs, |a| a.use_srq = on)
+        }
+        "fabric" if a.provider == ProviderKind::shm => {
+            let f = theirs.to_owned();
+            agree(a, &["fabric"], "--fabric", fabric.to_owned(), theirs, |a| a.fabric = Some(f))
+        }
+        _ => Ok(()), // the fabric of rdma runs: not used
+    }
+}
+
+/// Takes the client's value unless this side was given another one.
+fn agree(
+    a: &mut Args,
+    ids: &[&str],
+    flag: &str,
+    mine: String,
+    theirs: &str,
+    set: impl FnOnce(&mut Args),
+) -> Result<(), String> {
+    if mine == theirs {
+        return Ok(());
+    }
+    if ids.iter().any(|id| a.given(id)) {
+        return Err(format!(
+            "{flag} differs: the client has {theirs}, this server {mine} (give the same value on both sides, or \
+             leave it out on the server)"
+        ));
+    }
+    set(a);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{CommandFactory, FromArgMatches};
+
+    fn parse(argv: &[&str]) -> Args {
+        let m = Args::command().try_get_matches_from(argv).unwrap();
+        let mut a = Args::from_arg_matches(&m).unwrap();
+        a.explicit = crate::given_ids(&m);
+        a.check().unwrap();
+        a
+    }
+
+    #[test]
+    fn server_takes_what_it_was_not_given() {
+        let c = parse(&["dp-perf", "write_bw", "host", "-s", "8", "-n", "77", "-q", "2", "-l", "4", "-D", "1.5"]);
+        let line = to_wire(&c, &c.sizes(u64::MAX).unwrap(), "f");
+        let mut s = parse(&["dp-perf", "write_bw"]);
+        adopt(&mut s, &line, "f").unwrap();
+        assert_eq!(s.sizes(u64::MAX).unwrap(), vec![8]);
+        assert_eq!((s.iterations(), s.qps, s.post_list, s.cq_mod, s.duration), (77, 2, 4, 4, Some(1.5)));
+        assert_eq!(to_wire(&s, &[8], "f"), line, "both ends now describe the same run");
+    }
+
+    #[test]
+    fn given_values_that_differ_are_refused_by_name() {
+        let c = parse(&["dp-perf", "send_bw", "host", "-s", "8"]);
+        let line = to_wire(&c, &[8], "f");
+        let mut s = parse(&["dp-perf", "send_bw", "-s", "64"]);
+        let e = adopt(&mut s, &line, "f").unwrap_err();
+        assert!(e.contains("-s/-a differs: the client has 8, this server 64"), "{e}");
+        let mut s = parse(&["dp-perf", "send_lat"]);
+        assert!(adopt(&mut s, &line, "f").unwrap_err().contains("the client runs send_bw, this server send_lat"));
+        let mut s = parse(&["dp-perf", "send_bw", "--provider", "rdma"]);
+        assert!(adopt(&mut s, &line, "f").unwrap_err().contains("--provider shm, this server --provider rdma"));
+        let mut s = parse(&["dp-perf", "send_bw", "--fabric", "other"]);
+        assert!(adopt(&mut s, &line, "f").unwrap_err().contains("--fabric differs"));
+    }
+
+    #[test]
+    fn garbage_lines_are_errors() {
+        let mut s = parse(&["dp-perf", "send_bw"]);
+        assert!(adopt(&mut s, "hello", "f").unwrap_err().contains("the client speaks \"hello\""));
+        assert!(adopt(&mut s, "dp-perf/1 test=send_bw", "f").unwrap_err().contains("did not send"));
+        assert!(adopt(&mut s, "dp-perf/1 bogus=1", "f").unwrap_err().contains("unknown or repeated"));
+        let c = parse(&["dp-perf", "send_bw", "host"]);
+        let line = to_wire(&c, &[8], "f").replace("iters=1000", "iters=lots");
+        assert!(adopt(&mut s, &line, "f").unwrap_err().contains("not a number"));
+    }
+}
