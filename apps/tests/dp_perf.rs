@@ -1,6 +1,10 @@
-//! `dp-perf` runs every test on `shm` and prints perftest's JSON keys with sane values.
+//! `dp-perf` runs every test on `shm` (both ends in one process, and client and server in two
+//! processes) and prints perftest's JSON keys with sane values; bad runs fail with a sentence.
 
-use std::process::Command;
+use std::io::Read;
+use std::net::TcpListener;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 fn run(args: &[&str]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_dp-perf")).args(args).output().expect("run dp-perf");
@@ -26,7 +30,8 @@ fn bandwidth_tests_report_perftest_keys() {
             "20000",
             "-l",
             "8",
-            "--out_json",
+            "--out_json_file",
+            "-",
             "--core",
             "-1",
             "--peer-core",
@@ -46,18 +51,19 @@ fn bandwidth_tests_report_perftest_keys() {
 fn latency_tests_report_percentiles_in_order() {
     for test in ["send_lat", "write_lat", "read_lat", "atomic_lat"] {
         let (ok, out, err) =
-            run(&[test, "--loopback", "-n", "5000", "--out_json", "--core", "-1", "--peer-core", "-1"]);
+            run(&[test, "--loopback", "-n", "5000", "--out_json_file", "-", "--core", "-1", "--peer-core", "-1"]);
         assert!(ok, "{test}: {err}");
         let line = out.lines().find(|l| l.starts_with('{')).unwrap_or_else(|| panic!("{test}: no JSON in {out}"));
         assert_eq!(number(line, "n_iterations"), 5000.0);
-        let (min, typ, p99, p999, max) = (
+        let (min, typ, p99, p999, p9999, max) = (
             number(line, "t_min"),
             number(line, "t_typical"),
-            number(line, "99%"),
-            number(line, "99.9%"),
+            number(line, "percentile_99"),
+            number(line, "percentile_99.9"),
+            number(line, "percentile_99.99"),
             number(line, "t_max"),
         );
-        assert!(min > 0.0 && min <= typ && typ <= p99 && p99 <= p999 && p999 <= max, "{line}");
+        assert!(min > 0.0 && min <= typ && typ <= p99 && p99 <= p999 && p999 <= p9999 && p9999 <= max, "{line}");
     }
 }
 
@@ -91,8 +97,126 @@ fn size_sweep_and_histogram_file() {
 fn refused_combinations_say_why() {
     let (ok, _, err) = run(&["read_bw", "--loopback", "-c", "UC"]);
     assert!(!ok && err.contains("not supported on UC"), "{err}");
-    let (ok, _, err) = run(&["send_bw", "--provider", "rdma", "--loopback"]);
-    assert!(!ok && err.contains("rdma"), "{err}");
-    let (ok, _, err) = run(&["send_bw"]);
-    assert!(!ok && err.contains("--loopback"), "{err}");
+    let (ok, _, err) = run(&["send_lat", "--loopback", "-q", "2"]);
+    assert!(!ok && err.contains("latency tests use one QP"), "{err}");
+    let (ok, _, err) = run(&["send_bw", "somehost", "--loopback"]);
+    assert!(!ok && err.contains("cannot be used with"), "{err}");
+    let (ok, _, err) = run(&["send_lat", "--histogram", "h.txt"]);
+    assert!(!ok && err.contains("the client measures"), "{err}");
+}
+
+// Client and server in two processes on one shm fabric, over the TCP exchange.
+
+fn dp_perf(args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_dp-perf"));
+    c.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+    c
+}
+
+/// A TCP port nobody listens on right now.
+fn free_port() -> String {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port().to_string()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Waits for `c` at most `limit`; kills it and fails the test if it is still running.
+fn wait_within(mut c: Child, limit: Duration, who: &str) -> Output {
+    let t0 = Instant::now();
+    while c.try_wait().expect("try_wait").is_none() {
+        if t0.elapsed() > limit {
+            let _ = c.kill();
+            let mut err = String::new();
+            c.stderr.take().map(|mut s| s.read_to_string(&mut err));
+            panic!("{who} still running after {limit:?} (stderr: {err})");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    c.wait_with_output().expect("output")
+}
+
+fn json_lines(out: &str) -> Vec<&str> {
+    out.lines().filter(|l| l.starts_with('{')).collect()
+}
+
+#[test]
+fn client_and_server_in_two_processes() {
+    for (test, extra) in [
+        ("send_bw", &["-q", "2", "-l", "4"][..]),
+        ("write_lat", &[][..]),
+        ("read_bw", &[][..]),
+        ("atomic_lat", &[][..]),
+        ("send_lat", &["-c", "UD"][..]),
+    ] {
+        let port = free_port();
+        let fabric = format!("dp-perf-test-{}-{port}", std::process::id());
+        let server = dp_perf(&[test, "-p", &port, "--out_json_file", "-"]).spawn().expect("spawn server");
+        let mut cargs = vec![test, "127.0.0.1", "-p", &port, "-s", "64", "-n", "3000", "--fabric", &fabric];
+        cargs.extend_from_slice(&["--out_json_file", "-"]);
+        cargs.extend_from_slice(extra);
+        let client = dp_perf(&cargs).spawn().expect("spawn client");
+        let c = wait_within(client, Duration::from_secs(60), "client");
+        let s = wait_within(server, Duration::from_secs(10), "server");
+        assert!(c.status.success(), "{test} client: {}", text(&c.stderr));
+        assert!(s.status.success(), "{test} server: {}", text(&s.stderr));
+        let (cout, sout) = (text(&c.stdout), text(&s.stdout));
+        let (cj, sj) = (json_lines(&cout), json_lines(&sout));
+        assert_eq!(cj.len(), 1, "{test}: client JSON: {cout}");
+        assert_eq!(sj.len(), 1, "{test}: server JSON: {sout}");
+        let size = if test.starts_with("atomic") { 8.0 } else { 64.0 };
+        for line in [cj[0], sj[0]] {
+            assert_eq!(number(line, "MsgSize"), size, "{line}");
+            assert_eq!(number(line, "n_iterations"), 3000.0, "{line}");
+            assert!(line.contains("\"Data_ex_method\":\"Ethernet\""), "{line}");
+        }
+        // The server took the client's parameters and printed the client's numbers.
+        let key = if test.ends_with("_lat") { "t_typical" } else { "BW_average" };
+        assert_eq!(number(cj[0], key), number(sj[0], key), "{test}");
+        assert!(number(cj[0], key) > 0.0, "{}", cj[0]);
+        if test == "send_bw" {
+            assert!(sj[0].contains("\"Number_of_qps\":2") && sj[0].contains("\"Post_List\":4"), "{}", sj[0]);
+        }
+    }
+}
+
+#[test]
+fn mismatched_parameters_are_refused_by_name() {
+    let port = free_port();
+    let server = dp_perf(&["write_bw", "-p", &port, "-s", "4096"]).spawn().expect("spawn server");
+    let client = dp_perf(&["write_bw", "127.0.0.1", "-p", &port, "-s", "8"]).spawn().expect("spawn client");
+    let c = wait_within(client, Duration::from_secs(30), "client");
+    let s = wait_within(server, Duration::from_secs(10), "server");
+    assert!(!c.status.success() && !s.status.success());
+    for err in [text(&c.stderr), text(&s.stderr)] {
+        assert!(err.contains("-s/-a differs: the client has 8, this server 4096"), "{err}");
+    }
+    let port = free_port();
+    let server = dp_perf(&["write_bw", "-p", &port]).spawn().expect("spawn server");
+    let client = dp_perf(&["read_bw", "127.0.0.1", "-p", &port]).spawn().expect("spawn client");
+    let c = wait_within(client, Duration::from_secs(30), "client");
+    wait_within(server, Duration::from_secs(10), "server");
+    assert!(text(&c.stderr).contains("the client runs read_bw, this server write_bw"), "{}", text(&c.stderr));
+}
+
+#[test]
+fn a_dead_peer_is_an_error_within_seconds() {
+    // The server dies in the middle of a long run: the client says so instead of hanging.
+    let port = free_port();
+    let mut server = dp_perf(&["send_lat", "-p", &port]).spawn().expect("spawn server");
+    let client = dp_perf(&["send_lat", "127.0.0.1", "-p", &port, "-D", "60"]).spawn().expect("spawn client");
+    std::thread::sleep(Duration::from_millis(1500));
+    server.kill().expect("kill server");
+    let t0 = Instant::now();
+    let c = wait_within(client, Duration::from_secs(10), "client");
+    assert!(!c.status.success(), "client succeeded after its server died");
+    let err = text(&c.stderr);
+    assert!(err.contains("closed the connection") || err.contains("completion"), "{err}");
+    assert!(t0.elapsed() < Duration::from_secs(5), "took {:?}", t0.elapsed());
+    let _ = server.wait();
+    // Nobody listening: the client gives up after --peer-timeout.
+    let c = dp_perf(&["send_bw", "127.0.0.1", "-p", &free_port(), "--peer-timeout", "0.5"]).output().expect("run");
+    assert!(!c.status.success() && text(&c.stderr).contains("cannot connect to 127.0.0.1"), "{}", text(&c.stderr));
 }

@@ -53,9 +53,10 @@ const KEYS: [&str; 14] = [
     "fabric",
 ];
 
-/// Server side: takes the client's `line` into `a` (see the module doc). `fabric` is the
-/// server's shm fabric name. Errors: one sentence per refused parameter.
-pub fn adopt(a: &mut Args, line: &str, fabric: &str) -> Result<(), String> {
+/// Server side: takes the client's `line` into `a` (see the module doc). Errors: one sentence
+/// per refused parameter.
+pub fn adopt(a: &mut Args, line: &str) -> Result<(), String> {
+    let fabric = crate::setup::shm_fabric(a);
     let mut words = line.split(' ');
     let v = words.next().unwrap_or("");
     if v != VERSION {
@@ -69,7 +70,7 @@ pub fn adopt(a: &mut Args, line: &str, fabric: &str) -> Result<(), String> {
             return Err(format!("unknown or repeated parameter {k:?} from the client (same dp-perf on both sides?)"));
         }
         seen.push(k);
-        take(a, k, theirs, fabric)?;
+        take(a, k, theirs, &fabric)?;
     }
     if let Some(k) = KEYS.iter().find(|k| !seen.contains(k)) {
         return Err(format!("the client did not send parameter {k:?} (same dp-perf on both sides?)"));
@@ -195,7 +196,7 @@ mod tests {
         let c = parse(&["dp-perf", "write_bw", "host", "-s", "8", "-n", "77", "-q", "2", "-l", "4", "-D", "1.5"]);
         let line = to_wire(&c, &c.sizes(u64::MAX).unwrap(), "f");
         let mut s = parse(&["dp-perf", "write_bw"]);
-        adopt(&mut s, &line, "f").unwrap();
+        adopt(&mut s, &line).unwrap();
         assert_eq!(s.sizes(u64::MAX).unwrap(), vec![8]);
         assert_eq!((s.iterations(), s.qps, s.post_list, s.cq_mod, s.duration), (77, 2, 4, 4, Some(1.5)));
         assert_eq!(to_wire(&s, &[8], "f"), line, "both ends now describe the same run");
@@ -206,24 +207,24 @@ mod tests {
         let c = parse(&["dp-perf", "send_bw", "host", "-s", "8"]);
         let line = to_wire(&c, &[8], "f");
         let mut s = parse(&["dp-perf", "send_bw", "-s", "64"]);
-        let e = adopt(&mut s, &line, "f").unwrap_err();
+        let e = adopt(&mut s, &line).unwrap_err();
         assert!(e.contains("-s/-a differs: the client has 8, this server 64"), "{e}");
         let mut s = parse(&["dp-perf", "send_lat"]);
-        assert!(adopt(&mut s, &line, "f").unwrap_err().contains("the client runs send_bw, this server send_lat"));
+        assert!(adopt(&mut s, &line).unwrap_err().contains("the client runs send_bw, this server send_lat"));
         let mut s = parse(&["dp-perf", "send_bw", "--provider", "rdma"]);
-        assert!(adopt(&mut s, &line, "f").unwrap_err().contains("--provider shm, this server --provider rdma"));
+        assert!(adopt(&mut s, &line).unwrap_err().contains("--provider shm, this server --provider rdma"));
         let mut s = parse(&["dp-perf", "send_bw", "--fabric", "other"]);
-        assert!(adopt(&mut s, &line, "f").unwrap_err().contains("--fabric differs"));
+        assert!(adopt(&mut s, &line).unwrap_err().contains("--fabric differs"));
     }
 
     #[test]
     fn garbage_lines_are_errors() {
         let mut s = parse(&["dp-perf", "send_bw"]);
-        assert!(adopt(&mut s, "hello", "f").unwrap_err().contains("the client speaks \"hello\""));
-        assert!(adopt(&mut s, "dp-perf/1 test=send_bw", "f").unwrap_err().contains("did not send"));
-        assert!(adopt(&mut s, "dp-perf/1 bogus=1", "f").unwrap_err().contains("unknown or repeated"));
+        assert!(adopt(&mut s, "hello").unwrap_err().contains("the client speaks \"hello\""));
+        assert!(adopt(&mut s, "dp-perf/1 test=send_bw").unwrap_err().contains("did not send"));
+        assert!(adopt(&mut s, "dp-perf/1 bogus=1").unwrap_err().contains("unknown or repeated"));
         let c = parse(&["dp-perf", "send_bw", "host"]);
         let line = to_wire(&c, &[8], "f").replace("iters=1000", "iters=lots");
-        assert!(adopt(&mut s, &line, "f").unwrap_err().contains("not a number"));
+        assert!(adopt(&mut s, &line).unwrap_err().contains("not a number"));
     }
 }

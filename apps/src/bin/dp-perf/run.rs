@@ -260,8 +260,7 @@ fn server<P: Backend>(args: &mut Args) -> Res<()> {
 
 fn server_run<P: Backend>(args: &mut Args, ctl: &mut Ctl) -> Res<()> {
     let line = ctl.recv(SETUP_TIMEOUT)?;
-    let fabric = shm_fabric(args);
-    params::adopt(args, &line, &fabric).map_err(|e| format!("parameters: {e}"))?;
+    params::adopt(args, &line).map_err(|e| format!("parameters: {e}"))?;
     let sizes = args.sizes(u64::MAX)?;
     let ctx = open::<P>(args, max_mem(args, &sizes))?;
     let info = info::<P>(args, &ctx)?;
