@@ -131,7 +131,13 @@ impl Ctl {
     }
 
     /// Sends `end MINE` and returns the peer's `end` payload (`theirs` if it came already).
-    pub fn finish(&mut self, shared: &Shared, mine: &str, theirs: Option<String>, timeout: Duration) -> Result<String, String> {
+    pub fn finish(
+        &mut self,
+        shared: &Shared,
+        mine: &str,
+        theirs: Option<String>,
+        timeout: Duration,
+    ) -> Result<String, String> {
         self.send(&format!("end {mine}"))?;
         let mut w = Watch::new(timeout);
         w.theirs = theirs;

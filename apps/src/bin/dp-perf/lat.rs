@@ -84,7 +84,15 @@ fn last_byte(region: &impl MemRegion, size: u64) -> u8 {
 
 /// Server side of send_lat / write_lat (receives already posted): answers each ping until the
 /// client stops.
-pub fn serve<P: Provider>(test: Test, args: &Args, size: u64, inline: u32, s: &mut End<P>, c: &Remote, live: &mut Live) {
+pub fn serve<P: Provider>(
+    test: Test,
+    args: &Args,
+    size: u64,
+    inline: u32,
+    s: &mut End<P>,
+    c: &Remote,
+    live: &mut Live,
+) {
     let mut chain = SendChain::with_capacity(1, 1);
     let cq_mod = args.cq_mod as u64;
     let dest = s.dests[0];

@@ -77,27 +77,66 @@ impl<'a> Live<'a> {
 
     #[cold]
     fn check(&mut self) -> bool {
+        match self.verdict(Instant::now()) {
+            Ok(stop) => stop,
+            Err(why) => crate::fail(self.what, why),
+        }
+    }
+
+    /// What the checks conclude at `now`: `Ok(true)` to stop, `Ok(false)` to keep waiting,
+    /// `Err` with the reason to give up.
+    fn verdict(&mut self, now: Instant) -> Result<bool, String> {
         if let Some(why) = self.shared.dead() {
-            crate::fail(self.what, why);
+            return Err(why.to_owned());
         }
         if self.shared.stop.load(Ordering::Acquire) {
-            return true;
+            return Ok(true);
         }
-        let now = Instant::now();
         if std::mem::take(&mut self.moved) {
             self.last = now;
         } else if let Some(t) = self.timeout {
             if now.duration_since(self.last) > t {
-                crate::fail(
-                    self.what,
-                    format!(
-                        "nothing for {:.1} s (a lost UD/UC message is not retransmitted, or the peer is \
-                         stuck; --peer-timeout sets this limit)",
-                        t.as_secs_f64()
-                    ),
-                );
+                return Err(format!(
+                    "nothing for {:.1} s (a lost UD/UC message is not retransmitted, or the peer is stuck; \
+                     --peer-timeout plus 1 s per MB between completions sets this limit)",
+                    t.as_secs_f64()
+                ));
             }
         }
-        false
+        Ok(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_progress_for_the_timeout_is_fatal_and_progress_resets_it() {
+        let sh = Shared::default();
+        let mut l = Live::with_timeout(&sh, Duration::from_millis(100), "test");
+        let t0 = l.last;
+        assert_eq!(l.verdict(t0 + Duration::from_millis(50)), Ok(false));
+        l.progress();
+        assert_eq!(l.verdict(t0 + Duration::from_millis(150)), Ok(false), "progress restarted the clock");
+        let e = l.verdict(t0 + Duration::from_millis(300)).unwrap_err();
+        assert!(e.contains("nothing for 0.1 s"), "{e}");
+    }
+
+    #[test]
+    fn stop_and_death_come_from_the_shared_state() {
+        let sh = Shared::default();
+        let mut l = Live::until_stop(&sh, "test");
+        let later = l.last + Duration::from_secs(3600);
+        assert_eq!(l.verdict(later), Ok(false), "the server side has no progress limit");
+        sh.stop();
+        assert_eq!(l.verdict(later), Ok(true));
+        sh.kill("peer closed the connection".into());
+        assert_eq!(l.verdict(later), Err("peer closed the connection".into()));
+        let sh = Shared::default();
+        sh.stop();
+        let mut l = Live::until_stop(&sh, "test");
+        let calls = (1..=4096).find(|_| l.idle());
+        assert_eq!(calls, Some(1024), "the flags are read every 1024 idle polls");
     }
 }

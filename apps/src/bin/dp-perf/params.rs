@@ -85,10 +85,9 @@ fn take(a: &mut Args, key: &str, theirs: &str, fabric: &str) -> Result<(), Strin
         "test" if theirs != name(a.test) => {
             Err(format!("the client runs {theirs}, this server {} (run the same test on both sides)", name(a.test)))
         }
-        "provider" if theirs != name(a.provider) => Err(format!(
-            "the client uses --provider {theirs}, this server --provider {}",
-            name(a.provider)
-        )),
+        "provider" if theirs != name(a.provider) => {
+            Err(format!("the client uses --provider {theirs}, this server --provider {}", name(a.provider)))
+        }
         "test" | "provider" => Ok(()),
         "conn" => {
             let c = Conn::from_str(theirs, true).map_err(|_| format!("the client sent conn={theirs:?}"))?;
@@ -102,7 +101,9 @@ fn take(a: &mut Args, key: &str, theirs: &str, fabric: &str) -> Result<(), Strin
             let cap = list.iter().copied().max().unwrap_or(0);
             let mine = a.sizes(cap).map(|s| s.iter().map(u64::to_string).collect::<Vec<_>>().join(","));
             let mine = mine.unwrap_or_else(|e| e);
-            agree(a, &["size", "all"], "-s/-a", mine, theirs, |a| a.agreed_sizes = Some(list))
+            agree(a, &["size", "all"], "-s/-a", mine, theirs, |_| ())?;
+            a.agreed_sizes = Some(list); // also when equal: the server's own list may differ by its MTU
+            Ok(())
         }
         "iters" => {
             let n = num(theirs)?;
@@ -200,6 +201,12 @@ mod tests {
         assert_eq!(s.sizes(u64::MAX).unwrap(), vec![8]);
         assert_eq!((s.iterations(), s.qps, s.post_list, s.cq_mod, s.duration), (77, 2, 4, 4, Some(1.5)));
         assert_eq!(to_wire(&s, &[8], "f"), line, "both ends now describe the same run");
+        // UD: the client's list is capped by its MTU; the server runs exactly that list.
+        let c = parse(&["dp-perf", "send_bw", "host", "-c", "UD"]);
+        let line = to_wire(&c, &c.sizes(1024).unwrap(), "f");
+        let mut s = parse(&["dp-perf", "send_bw"]);
+        adopt(&mut s, &line).unwrap();
+        assert_eq!(s.sizes(u64::MAX).unwrap(), vec![1024]);
     }
 
     #[test]

@@ -50,12 +50,9 @@ impl Lat {
     }
 
     /// Space-separated fields, for the control connection.
-    pub fn to_wire(&self) -> String {
+    pub fn to_wire(self) -> String {
         let s = self;
-        format!(
-            "{} {} {} {} {} {} {} {} {}",
-            s.n, s.min, s.max, s.typical, s.avg, s.stdev, s.p99, s.p999, s.p9999
-        )
+        format!("{} {} {} {} {} {} {} {} {}", s.n, s.min, s.max, s.typical, s.avg, s.stdev, s.p99, s.p999, s.p9999)
     }
 
     /// Parses [`Lat::to_wire`]'s output.
@@ -68,7 +65,7 @@ impl Lat {
 
 impl Bw {
     /// Space-separated fields, for the control connection.
-    pub fn to_wire(&self) -> String {
+    pub fn to_wire(self) -> String {
         format!("{} {} {} {}", self.iters, self.ops, self.secs, self.peak)
     }
 
@@ -205,10 +202,7 @@ impl Report {
             if args.use_srq { "ON" } else { "OFF" },
         );
         if !args.test.is_lat() {
-            info += &format!(
-                ",\"TX_depth\":{},\"CQ_Moderation\":{}",
-                args.tx_depth, args.cq_mod
-            );
+            info += &format!(",\"TX_depth\":{},\"CQ_Moderation\":{}", args.tx_depth, args.cq_mod);
             if args.post_list > 1 {
                 info += &format!(",\"Post_List\":{}", args.post_list);
             }

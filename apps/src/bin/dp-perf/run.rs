@@ -44,12 +44,28 @@ fn open<P: Backend>(args: &Args, mem: u64) -> Res<P::Context> {
     P::open_dev(args, mem).map_err(|e| format!("{}: opening the device: {e}", P::NAME))
 }
 
+/// Opens the device once, sized for the sizes to run (which depend on the MTU with UD).
+fn open_sized<P: Backend>(args: &Args) -> Res<(P::Context, Vec<u64>)> {
+    let sizes_for = |mtu| args.sizes(report::ud_max(args.conn, mtu));
+    match P::KNOWN_MTU {
+        Some(mtu) => {
+            let sizes = sizes_for(mtu)?;
+            Ok((open::<P>(args, max_mem(args, &sizes))?, sizes))
+        }
+        None => {
+            let ctx = open::<P>(args, 0)?; // its memory comes later, per size
+            let mtu = ctx.port_attr(args.ib_port).map_err(err("port"))?.active_mtu;
+            Ok((ctx, sizes_for(mtu)?))
+        }
+    }
+}
+
 /// The facts for the header, and the inline threshold in effect.
 fn info<P: Backend>(args: &Args, ctx: &P::Context) -> Res<Info> {
     let port = ctx.port_attr(args.ib_port).map_err(err("port"))?;
     let caps = ctx.caps();
     if args.test.is_atomic() && !caps.atomics {
-        return Err(format!("{}: device {} does not support atomics", format!("{:?}", args.test), P::dev_name(ctx)));
+        return Err(format!("{:?}: device {} does not support atomics", args.test, P::dev_name(ctx)));
     }
     if args.inline.is_some_and(|i| i > caps.max_inline_data) {
         return Err(format!(
@@ -115,13 +131,22 @@ fn serve<P: Provider>(args: &Args, size: u64, inline: u32, s: &mut End<P>, c: &R
     }
 }
 
+/// How long the client waits without any completion before it gives up: `--peer-timeout`
+/// plus the time the bytes between two completions take at 1 MB/s (a floor for slow links such
+/// as emulated Soft-RoCE), so only a lost message or a stuck peer reaches it.
+fn progress_timeout(args: &Args, size: u64) -> Duration {
+    let per_completion = if args.test.is_lat() { 2 * size } else { size * args.cq_mod as u64 * args.qps as u64 };
+    peer_timeout(args) + Duration::from_secs_f64(per_completion as f64 / 1e6)
+}
+
 /// The client's part of one size.
 fn measure<P: Provider>(args: &Args, size: u64, inline: u32, c: &mut End<P>, s: &Remote, sh: &Shared) -> Outcome {
+    let limit = progress_timeout(args, size);
     if args.test.is_lat() {
-        let mut live = Live::with_timeout(sh, peer_timeout(args), "waiting for a reply or completion");
+        let mut live = Live::with_timeout(sh, limit, "waiting for a reply or completion");
         Outcome::Lat(lat::run_client(args.test, args, size, inline, c, s, &mut live))
     } else {
-        let mut live = Live::with_timeout(sh, peer_timeout(args), "waiting for send completions");
+        let mut live = Live::with_timeout(sh, limit, "waiting for send completions");
         Outcome::Bw(bw::run_client(args.test, args, size, inline, c, s, &mut live))
     }
 }
@@ -144,12 +169,8 @@ fn new_report(args: &Args, info: Info) -> Res<Report> {
 }
 
 fn loopback<P: Backend>(args: &Args) -> Res<()> {
-    let ctx = open::<P>(args, 0)?; // rdma: find out the MTU first
-    let mtu = ctx.port_attr(args.ib_port).map_err(err("port"))?.active_mtu;
-    let sizes = args.sizes(report::ud_max(args.conn, mtu))?;
-    drop(ctx);
-    let mem = max_mem(args, &sizes);
-    let (cctx, sctx) = (open::<P>(args, mem)?, open::<P>(args, mem)?);
+    let (cctx, sizes) = open_sized::<P>(args)?;
+    let sctx = open::<P>(args, max_mem(args, &sizes))?;
     let info = info::<P>(args, &cctx)?;
     let inline = info.inline;
     let mut rep = new_report(args, info)?;
@@ -159,7 +180,10 @@ fn loopback<P: Backend>(args: &Args) -> Res<()> {
     for size in sizes {
         let mut c = End::<P>::open(&cctx, args, size, inline, false).map_err(err("client setup"))?;
         let mut s = End::<P>::open(&sctx, args, size, inline, true).map_err(err("server setup"))?;
-        let (ec, es) = (c.endpoints(args.gid_index).map_err(err("endpoint"))?, s.endpoints(args.gid_index).map_err(err("endpoint"))?);
+        let (ec, es) = (
+            c.endpoints(args.gid_index).map_err(err("endpoint"))?,
+            s.endpoints(args.gid_index).map_err(err("endpoint"))?,
+        );
         s.connect(args, &ec).map_err(err("server connect"))?;
         c.connect(args, &es).map_err(err("client connect"))?;
         let (to_c, to_s) = (Remote::new(&c.mem(), c.slot)?, Remote::new(&s.mem(), s.slot)?);
@@ -193,11 +217,7 @@ fn loopback<P: Backend>(args: &Args) -> Res<()> {
 
 fn client<P: Backend>(args: &Args) -> Res<()> {
     let host = args.server.as_deref().unwrap_or("localhost");
-    let ctx = open::<P>(args, 0)?;
-    let mtu = ctx.port_attr(args.ib_port).map_err(err("port"))?.active_mtu;
-    let sizes = args.sizes(report::ud_max(args.conn, mtu))?;
-    drop(ctx);
-    let ctx = open::<P>(args, max_mem(args, &sizes))?;
+    let (ctx, sizes) = open_sized::<P>(args)?;
     let info = info::<P>(args, &ctx)?;
     let inline = info.inline;
     let s = dataplane::conn::connect_retry(host, args.tcp_port, peer_timeout(args)).map_err(|e| e.to_string())?;

@@ -24,6 +24,9 @@ pub trait Backend:
     /// Minimum RNR NAK timer code for RC receivers: shm retries in software, so the shortest
     /// (10 µs); rdma uses perftest's 12 (0.64 ms).
     const RNR_TIMER: u8;
+    /// The path MTU when it is known without opening the device (opening an rdma device
+    /// costs: it probes the inline limit with throw-away QPs).
+    const KNOWN_MTU: Option<u32>;
     /// Opens the device for the whole run. `mem` is the largest memory one end registers (the
     /// shm fabric holds both ends', whether in one process or two).
     fn open_dev(args: &Args, mem: u64) -> Result<Self::Context>;
@@ -35,6 +38,7 @@ pub trait Backend:
 
 impl Backend for Shm {
     const RNR_TIMER: u8 = 1;
+    const KNOWN_MTU: Option<u32> = Some(4096);
 
     fn open_dev(args: &Args, mem: u64) -> Result<Self::Context> {
         let huge = if args.hugepages { HugePolicy::Require(PageSize::Huge2M) } else { HugePolicy::default() };
@@ -55,6 +59,7 @@ impl Backend for Shm {
 
 impl Backend for Rdma {
     const RNR_TIMER: u8 = 12;
+    const KNOWN_MTU: Option<u32> = None;
 
     fn open_dev(args: &Args, _: u64) -> Result<Self::Context> {
         Rdma::open(&RdmaConfig { device: args.dev.clone(), port: args.ib_port, gid_index: args.gid_index })
@@ -156,11 +161,11 @@ impl<P: Backend> End<P> {
             max_inline_data: inline,
         };
         let remote = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
-        let init = QpAttr { state: QpState::Init, port_num: args.ib_port, qkey: QKEY, access: remote, ..Default::default() };
+        let init =
+            QpAttr { state: QpState::Init, port_num: args.ib_port, qkey: QKEY, access: remote, ..Default::default() };
         let mut qps = Vec::with_capacity(nq as usize);
         for _ in 0..nq {
-            let attr =
-                QpInitAttr { send_cq: &scq, recv_cq: &rcq, srq: srq.as_ref(), cap, qp_type, sq_sig_all: false };
+            let attr = QpInitAttr { send_cq: &scq, recv_cq: &rcq, srq: srq.as_ref(), cap, qp_type, sq_sig_all: false };
             let mut qp = pd.create_qp(&attr)?;
             qp.modify(&init)?;
             qps.push(qp);
@@ -221,7 +226,13 @@ impl<P: Backend> End<P> {
             let psn = self.psn_of(q);
             let qp = &mut self.qps[q];
             qp.modify(&rtr)?;
-            qp.modify(&QpAttr { state: QpState::Rts, sq_psn: psn, rnr_retry: 7, max_rd_atomic: 0, ..Default::default() })?;
+            qp.modify(&QpAttr {
+                state: QpState::Rts,
+                sq_psn: psn,
+                rnr_retry: 7,
+                max_rd_atomic: 0,
+                ..Default::default()
+            })?;
             if qp.qp_type() == QpType::Ud {
                 let a = self.pd.create_ah(&ah)?;
                 self.dests[q] = Some((a.handle(), peer.qpn));
@@ -230,7 +241,6 @@ impl<P: Backend> End<P> {
         }
         Ok(())
     }
-
 }
 
 impl<P: Provider> End<P> {
