@@ -7,6 +7,10 @@
 //! reads the client's message, brings its QP up, answers, and waits for `done`.
 //!
 //! A peer that sends something malformed, or closes early, gets an error, never a panic.
+//!
+//! Programs with their own exchange (dp-perf) reuse the pieces: the endpoint message on any
+//! stream ([`write_endpoint`], [`read_endpoint`]), a memory message for RDMA targets
+//! ([`RemoteMem`], 43 bytes `RKEY:ADDR:LEN`), and [`connect_retry`].
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
