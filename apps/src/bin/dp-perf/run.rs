@@ -205,6 +205,7 @@ fn loopback<P: Backend>(args: &Args) -> Res<()> {
                 o
             });
             let o = client.join().map_err(|_| "the client thread panicked".to_owned());
+            sh.stop(); // also when the client panicked: the server must not wait forever
             if let Some(t) = server {
                 t.join().map_err(|_| "the server thread panicked".to_owned())?;
             }
