@@ -100,9 +100,11 @@ pub fn serve<P: Provider>(
         Test::send_lat => {
             let mut i = 0u64;
             while let Some(w) = wait_recv(s, live) {
-                post_recv(s, w.wr_id);
+                // Answer first, then repost: the reply is the critical path, and rx_depth
+                // receives stay posted, so the next ping always finds one.
                 let wr = wr_for(test, i, i, size, inline, dest, c);
                 post_one(s, &mut chain, wr, s.sge(0, size), (i + 1) % cq_mod == 0, live);
+                post_recv(s, w.wr_id);
                 reap(s);
                 i += 1;
             }
@@ -156,8 +158,9 @@ pub fn run_client<P: Provider>(
                 let wr = wr_for(test, i, i, size, inline, dest, s);
                 post_one(c, &mut chain, wr, c.sge(0, size), (i + 1) % cq_mod == 0, live);
                 let Some(w) = wait_recv(c, live) else { crate::fail("send_lat", "stopped while waiting for a reply") };
-                post_recv(c, w.wr_id);
+                // The sample ends at the reply's completion; reposting is bookkeeping.
                 let ns = t0.elapsed().as_nanos() as u64 / 2;
+                post_recv(c, w.wr_id);
                 reap(c);
                 ns
             }
