@@ -80,37 +80,50 @@ pub fn client_exchange(host: &str, port: u16, local: &Endpoint) -> Result<Endpoi
 /// Client side for several QPs (`ibv_srq_pingpong`): sends one message per endpoint of
 /// `locals`, reads as many from the server, then sends `done`.
 pub fn client_exchange_many(host: &str, port: u16, locals: &[Endpoint]) -> Result<Vec<Endpoint>> {
+    let mut s = connect_stream(host, port)?;
+    client_exchange_on(&mut s, locals, |_| Ok(()))
+}
+
+/// Opens the TCP connection of a client exchange: tries every address `host` resolves to.
+/// Errors: `EINVAL` when the name does not resolve, `EIO` (with the last reason) when no
+/// address accepts.
+pub fn connect_stream(host: &str, port: u16) -> Result<TcpStream> {
     let addrs = (host, port)
         .to_socket_addrs()
         .map_err(|e| Error::new(Errno::EINVAL, format!("cannot resolve {host}:{port}: {e}")))?;
     let mut last = None;
-    let mut stream = None;
     for a in addrs {
         match TcpStream::connect(a) {
-            Ok(s) => {
-                stream = Some(s);
-                break;
-            }
+            Ok(s) => return Ok(s),
             Err(e) => last = Some(e),
         }
     }
-    let mut s = stream.ok_or_else(|| {
-        let e = last.map_or_else(|| "no address".to_owned(), |e| e.to_string());
-        Error::new(Errno::EIO, format!("cannot connect to {host}:{port}: {e}"))
-    })?;
+    let e = last.map_or_else(|| "no address".to_owned(), |e| e.to_string());
+    Err(Error::new(Errno::EIO, format!("cannot connect to {host}:{port}: {e}")))
+}
+
+/// Client side on an open connection: sends `locals`, reads as many endpoints from the server,
+/// calls `connect` with them, then sends `done` (so a server that waits for `done` knows the
+/// client's QPs are ready). The stream stays open for the caller.
+pub fn client_exchange_on(
+    s: &mut TcpStream,
+    locals: &[Endpoint],
+    connect: impl FnOnce(&[Endpoint]) -> Result<()>,
+) -> Result<Vec<Endpoint>> {
     for l in locals {
         s.write_all(&encode(l)).map_err(|e| io_err("sending the connection message", e))?;
     }
-    let remotes = read_many(&mut s, locals.len(), "reading the server's connection message")?;
+    let remotes = read_many(s, locals.len(), "reading the server's connection message")?;
+    connect(&remotes)?;
     s.write_all(b"done\0").map_err(|e| io_err("sending done", e))?;
     Ok(remotes)
 }
 
 fn read_many(s: &mut TcpStream, n: usize, what: &str) -> Result<Vec<Endpoint>> {
     let mut out = Vec::with_capacity(n);
-    for _ in 0..n {
+    for i in 0..n {
         let mut buf = [0u8; MSG_LEN];
-        s.read_exact(&mut buf).map_err(|e| io_err(what, e))?;
+        s.read_exact(&mut buf).map_err(|e| io_err(&format!("{what} ({} of {n})", i + 1), e))?;
         out.push(decode(&buf)?);
     }
     Ok(out)
@@ -135,7 +148,18 @@ pub fn server_exchange_many(
     connect: impl FnOnce(&[Endpoint]) -> Result<()>,
 ) -> Result<Vec<Endpoint>> {
     let (mut s, _) = listener.accept().map_err(|e| io_err("accepting the client", e))?;
-    let remotes = read_many(&mut s, locals.len(), "reading the client's connection message")?;
+    server_exchange_on(&mut s, locals, connect)
+}
+
+/// Server side on an accepted connection: reads one message per endpoint of `locals`, calls
+/// `connect` with them, sends `locals`, and waits for `done`. The stream stays open for the
+/// caller.
+pub fn server_exchange_on(
+    s: &mut TcpStream,
+    locals: &[Endpoint],
+    connect: impl FnOnce(&[Endpoint]) -> Result<()>,
+) -> Result<Vec<Endpoint>> {
+    let remotes = read_many(s, locals.len(), "reading the client's connection message")?;
     connect(&remotes)?;
     for l in locals {
         s.write_all(&encode(l)).map_err(|e| io_err("sending the connection message", e))?;
