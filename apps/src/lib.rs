@@ -4,6 +4,8 @@
 
 #![warn(missing_docs)]
 
+pub mod exchange;
+pub mod limits;
 pub mod json;
 pub mod report;
 pub mod runner;

@@ -1056,8 +1056,14 @@ impl<'a> Validator<'a> {
                                 ErrorKind::Invalid,
                                 input.span.clone(),
                                 f("input"),
-                                format!("echo stage `{}` replies on ud qp `{}`, which has no peer to send to", s.name, q.name),
-                                Some(format!("set peer (or listen) on qp `{}`: a ud qp sends every message to its peer", q.name)),
+                                format!(
+                                    "echo stage `{}` replies on ud qp `{}`, which has no peer to send to",
+                                    s.name, q.name
+                                ),
+                                Some(format!(
+                                    "set peer (or listen) on qp `{}`: a ud qp sends every message to its peer",
+                                    q.name
+                                )),
                             );
                         }
                         if let Some(&other) = consumers.get(&j) {

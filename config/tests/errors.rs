@@ -219,7 +219,11 @@ fn asymmetric_rc_peers() {
 /// BASE with qp `b` listening for a remote peer and qp `a` connecting to one: two processes'
 /// halves in one file (lines 12 and 17).
 fn remote_base() -> String {
-    base_with("peer = \"b\"\n", "peer = \"10.0.0.2:7000\"\n").replacen("peer = \"a\"\n", "listen = \"0.0.0.0:7000\"\n", 1)
+    base_with("peer = \"b\"\n", "peer = \"10.0.0.2:7000\"\n").replacen(
+        "peer = \"a\"\n",
+        "listen = \"0.0.0.0:7000\"\n",
+        1,
+    )
 }
 
 #[test]
@@ -233,7 +237,11 @@ fn remote_peer_and_listen_are_valid() {
 
 #[test]
 fn peer_and_listen_together() {
-    let e = one_error(&remote_base().replacen("peer = \"10.0.0.2:7000\"\n", "peer = \"10.0.0.2:7000\"\nlisten = \"[::]:7001\"\n", 1));
+    let e = one_error(&remote_base().replacen(
+        "peer = \"10.0.0.2:7000\"\n",
+        "peer = \"10.0.0.2:7000\"\nlisten = \"[::]:7001\"\n",
+        1,
+    ));
     assert_eq!(
         e.to_string(),
         "pipeline.toml:13:10: qps[0].listen: qp `a` has both `peer` and `listen`; hint: a qp either connects to its peer (`peer`) or waits for a remote one to connect (`listen`): remove one"

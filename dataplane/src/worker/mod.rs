@@ -19,7 +19,7 @@ use crate::mem::{BufferPool, PoolCache};
 use crate::pipeline::{Clock, Handler, LocalQueue, StageReport, Target};
 use crate::provider::{Context, Cq, Pd, Provider, Qp, QpInitAttr};
 use crate::verbs::{
-    AhAttr, Errno, Error, QpAttr, QpCaps, QpState, QpType, Result, SrqAttr, UdDest, WorkCompletion, GRH_LEN,
+    AhAttr, Endpoint, Errno, Error, QpAttr, QpCaps, QpState, QpType, Result, SrqAttr, UdDest, WorkCompletion, GRH_LEN,
 };
 use batch::SendBatch;
 use idle::{Idle, IdleKind};
@@ -417,12 +417,8 @@ impl<P: Provider> Worker<P> {
         if !matches!(qp.transport, QpType::Rc | QpType::Ud) {
             return Err(Error::new(Errno::EINVAL, format!("qp {}: the runtime uses RC and UD QPs only", qp.name)));
         }
-        let cap = QpCaps {
-            max_send_wr: qp.send_depth,
-            max_recv_wr: 0,
-            max_inline_data: qp.max_inline,
-            ..Default::default()
-        };
+        let cap =
+            QpCaps { max_send_wr: qp.send_depth, max_recv_wr: 0, max_inline_data: qp.max_inline, ..Default::default() };
         let attr = QpInitAttr::<P> {
             send_cq: &self.scq,
             recv_cq: &self.rcq,
@@ -452,6 +448,11 @@ impl<P: Provider> Worker<P> {
     /// QP number of QP `i`.
     pub fn qp_num(&self, i: usize) -> u32 {
         self.qp_nums[i]
+    }
+
+    /// QP `i`'s identity for the out-of-band exchange, with GID `gid_index` of its port.
+    pub fn endpoint(&self, i: usize, gid_index: u8) -> Result<Endpoint> {
+        self.batches[i].qp.endpoint(gid_index)
     }
 
     /// Connects RC QP `i` to QP `dest_qpn` of the same shm fabric (INIT → RTR → RTS), with
