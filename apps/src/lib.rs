@@ -5,8 +5,8 @@
 #![warn(missing_docs)]
 
 pub mod exchange;
-pub mod limits;
 pub mod json;
+pub mod limits;
 pub mod report;
 pub mod runner;
 pub mod stats;
