@@ -295,8 +295,16 @@ fn one(
         Side::Connect => conn::client_exchange_on(&mut s, &g.locals, up),
     };
     exchanged.map_err(|e| {
+        let waited = if e.errno == Errno::EAGAIN {
+            format!(" (nothing arrived for {} s)", IO_TIMEOUT.as_secs())
+        } else {
+            String::new()
+        };
         let hint = if e.errno == Errno::EAGAIN || e.msg.contains("closed early") {
-            format!("; do both sides list the same number of QPs for this address (this side: {})?", g.qps.len())
+            format!(
+                "{waited}; do both sides list the same number of QPs for this address (this side: {})?",
+                g.qps.len()
+            )
         } else {
             String::new()
         };
