@@ -203,6 +203,39 @@ mod tests {
     }
 
     #[test]
+    fn exchange_on_open_streams_pairs_in_order_and_keeps_them_open() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let ep = |qpn| Endpoint { lid: 1, qpn, psn: qpn + 1, gid: [qpn as u8; 16] };
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let client_up = std::sync::Arc::new(AtomicBool::new(false));
+        let up = client_up.clone();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let got = server_exchange_on(&mut s, &[ep(0x20), ep(0x21)], |r| {
+                assert_eq!(r, [ep(0x10), ep(0x11)]);
+                Ok(())
+            })
+            .unwrap();
+            // `done` came after the client's connect callback.
+            assert!(up.load(Ordering::Acquire));
+            let mut b = [0u8; 1];
+            s.read_exact(&mut b).unwrap();
+            (got, b[0])
+        });
+        let mut s = connect_stream("127.0.0.1", port).unwrap();
+        let got = client_exchange_on(&mut s, &[ep(0x10), ep(0x11)], |r| {
+            assert_eq!(r, [ep(0x20), ep(0x21)]);
+            client_up.store(true, Ordering::Release);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(got, [ep(0x20), ep(0x21)]);
+        s.write_all(&[7]).unwrap();
+        assert_eq!(server.join().unwrap(), (vec![ep(0x10), ep(0x11)], 7));
+    }
+
+    #[test]
     fn peer_closing_early_is_an_error() {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = l.local_addr().unwrap().port();
