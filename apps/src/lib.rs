@@ -4,7 +4,9 @@
 
 #![warn(missing_docs)]
 
+pub mod exchange;
 pub mod json;
+pub mod limits;
 pub mod report;
 pub mod runner;
 pub mod stats;

@@ -2,21 +2,27 @@
 //!
 //! Bring-up (off the hot path): open the provider, carve each pool from provider memory and
 //! register it, build each worker (CQs, SRQ filled from the pool), create and connect the
-//! QPs (a local `peer` is a QP of this pipeline on the same fabric), attach the stages, then
-//! start one pinned thread per worker.
+//! QPs (a local `peer` is a QP of this pipeline on the same device or fabric; remote peers are
+//! reached through the out-of-band exchange, [`crate::exchange`]), attach the stages, then
+//! start one pinned thread per worker. Values the device cannot do are refused first
+//! ([`crate::limits`]).
 //!
-//! Shutdown: stop the sources, wait until every message sent has been received and the
+//! A pipeline with remote peers also stops when one of them ends (its exchange connection
+//! closes). Shutdown: stop the sources, wait until every message sent has been received and the
 //! workers are quiet (drain), stop the workers (each moves its QPs to ERROR, drains its CQs
 //! and returns every buffer), then check that every pool has all its buffers back.
 
+use crate::exchange::{self, Route};
+use crate::limits;
 use crate::stats;
 use dataplane::mem::{BufferPool, HugePolicy, PageSize as MemPage};
 use dataplane::pipeline::{Clock, Echo, Fanout, Forward, Handler, Sequencer, Sink, Source, SourceLimits, Target};
+use dataplane::rdma::{Rdma, RdmaConfig};
 use dataplane::shm::{Shm, ShmConfig};
-use dataplane::verbs::AccessFlags;
+use dataplane::verbs::{AccessFlags, QpType};
 use dataplane::worker::idle::IdleKind;
 use dataplane::worker::stats::WorkerStats;
-use dataplane::worker::{Control, QpParams, Worker, WorkerParams, WorkerReport};
+use dataplane::worker::{Control, PeerAddr, QpParams, Worker, WorkerParams, WorkerReport};
 use dataplane::{Context, Mr, Pd, Provider};
 use dataplane_config::{Config, HugepagePolicy, IdlePolicy, PageSize, Peer, ProviderKind, Rate, StageKind, Transport};
 use std::collections::HashMap;
@@ -71,7 +77,18 @@ pub struct RunReport {
 /// Runs the (validated) pipeline `cfg`. `interrupt` is set by the Ctrl-C handler.
 pub fn run(cfg: &Config, opts: &RunOptions, interrupt: &AtomicBool) -> Result<RunReport, String> {
     match *cfg.provider.kind {
-        ProviderKind::Rdma => Err("the rdma provider is not implemented yet (issue 4); use kind = \"shm\"".into()),
+        ProviderKind::Rdma => {
+            if opts.fabric.is_some() {
+                return Err("--fabric names an shm fabric; this pipeline uses the rdma provider".into());
+            }
+            let p = &cfg.provider;
+            let rcfg = RdmaConfig {
+                device: p.device.as_ref().map(|d| d.as_str().to_owned()),
+                port: *p.port,
+                gid_index: *p.gid_index,
+            };
+            run_on::<Rdma>(&rcfg, cfg, opts, interrupt)
+        }
         ProviderKind::Shm => {
             let fabric = opts.fabric.clone().unwrap_or_else(|| cfg.provider.fabric.as_str().to_owned());
             let page = match *cfg.memory.page_size {
@@ -92,6 +109,8 @@ pub fn run(cfg: &Config, opts: &RunOptions, interrupt: &AtomicBool) -> Result<Ru
 
 struct Built<P: Provider> {
     workers: Vec<Worker<P>>,
+    /// QP name → (worker index, QP index in the worker).
+    qps: HashMap<String, (usize, usize)>,
 }
 
 /// Builds and runs the pipeline on provider `P`.
@@ -103,8 +122,23 @@ pub fn run_on<P: Provider>(
 ) -> Result<RunReport, String>
 where
     Worker<P>: Send,
+    P::Pd: Sync,
 {
     let ctx = Arc::new(P::open(pcfg).map_err(|e| format!("cannot open the {} provider: {e}", P::NAME))?);
+    // The port and GID index of every route (the shm port is 1 and has one GID).
+    let route = match *cfg.provider.kind {
+        ProviderKind::Rdma => Route { port: *cfg.provider.port, gid_index: *cfg.provider.gid_index },
+        ProviderKind::Shm => Route { port: 1, gid_index: 0 },
+    };
+    let device = match &cfg.provider.device {
+        Some(d) => format!("device {}", d.as_str()),
+        None => format!("the {} device", P::NAME),
+    };
+    let mtu = ctx.port_attr(route.port).map_err(|e| format!("{device}: port {}: {e}", route.port))?.active_mtu;
+    let fit = limits::fit(cfg, &ctx.caps(), mtu, &device)?;
+    for n in &fit.notes {
+        eprintln!("dataplane: {n}");
+    }
     let pd = ctx.alloc_pd().map_err(|e| format!("alloc_pd: {e}"))?;
     let ctl = Arc::new(Control::new());
     let clock = Clock::new();
@@ -125,11 +159,13 @@ where
         pools.insert(p.name.as_str(), (pool, mr));
     }
 
-    let mut b = build::<P>(cfg, opts, &ctx, &pd, &pools, &ctl, clock)?;
-    // Live stats: the workers' counters move into a shared-memory segment that dpctl reads.
+    let mut b = build::<P>(cfg, opts, &ctx, &pd, &pools, &ctl, clock, route, &fit)?;
+    // Live stats: the workers' counters move into a shared-memory segment that dpctl reads
+    // (before the remote exchange, which may wait for the other side: dpctl sees it start).
     let name = opts.fabric.as_deref().unwrap_or(cfg.provider.fabric.as_str());
     let segment =
         if opts.no_stats { None } else { Some(stats::export::export(&mut b.workers, &stats::stats_dir(), name)?) };
+    let links = exchange::connect_remote::<P>(cfg, &pd, &mut b.workers, &b.qps, route, interrupt)?;
     let stats: Vec<WorkerStats> = b.workers.iter().map(|w| w.stats()).collect();
 
     // Start.
@@ -145,8 +181,10 @@ where
     }
 
     // Run.
-    let all_limited =
-        cfg.stages.iter().filter(|s| *s.kind == StageKind::Source).all(|s| *s.count != 0 || !s.duration.is_zero());
+    // Without sources (the listening side of a remote pair), only a duration, Ctrl-C or the
+    // remote peer leaving ends the run.
+    let mut sources = cfg.stages.iter().filter(|s| *s.kind == StageKind::Source).peekable();
+    let all_limited = sources.peek().is_some() && sources.all(|s| *s.count != 0 || !s.duration.is_zero());
     let total = |stats: &[WorkerStats]| -> (u64, u64) {
         stats.iter().fold((0, 0), |(t, r), s| (t + s.tx_msgs.get(), r + s.rx_msgs.get()))
     };
@@ -160,6 +198,10 @@ where
         }
         if interrupt.load(Ordering::Relaxed) {
             interrupted = true;
+            break;
+        }
+        if let Some(addr) = links.closed() {
+            eprintln!("dataplane: the remote peer at {addr} closed its connection; stopping");
             break;
         }
         if let Some(d) = opts.duration {
@@ -227,6 +269,7 @@ where
     Ok(RunReport { elapsed, drained, drain_time, workers, pools, interrupted })
 }
 
+#[allow(clippy::too_many_arguments)]
 fn build<P: Provider>(
     cfg: &Config,
     opts: &RunOptions,
@@ -235,6 +278,8 @@ fn build<P: Provider>(
     pools: &HashMap<&str, (BufferPool, P::Mr)>,
     ctl: &Arc<Control>,
     clock: Clock,
+    route: Route,
+    fit: &limits::Fit,
 ) -> Result<Built<P>, String> {
     let mut workers = Vec::new();
     let widx: HashMap<&str, usize> = cfg.workers.iter().enumerate().map(|(i, w)| (w.name.as_str(), i)).collect();
@@ -266,23 +311,20 @@ fn build<P: Provider>(
 
     // QPs.
     let mut qidx: HashMap<&str, (usize, usize)> = HashMap::new();
-    for q in &cfg.qps {
+    for (j, q) in cfg.qps.iter().enumerate() {
         let name = q.name.as_str();
-        if *q.transport == Transport::Ud {
-            return Err(format!("qp {name}: UD transport is not supported by the runtime yet; use transport = \"rc\""));
-        }
         if !*q.use_srq {
             return Err(format!("qp {name}: use_srq = false is not supported by the runtime yet"));
-        }
-        if let Some(Peer::Remote { .. }) = q.peer() {
-            return Err(format!(
-                "qp {name}: remote peers need the out-of-band exchange, not implemented yet; name a local QP"
-            ));
         }
         let wi = *widx.get(q.worker.as_str()).ok_or_else(|| format!("qp {name}: no worker {}", *q.worker))?;
         let wcfg = &cfg.workers[wi];
         let params = QpParams {
             name: name.to_owned(),
+            transport: match *q.transport {
+                Transport::Rc => QpType::Rc,
+                Transport::Ud => QpType::Ud,
+            },
+            max_inline: fit.max_inline.get(j).copied().unwrap_or(0),
             send_depth: *q.send_depth,
             signal_interval: q.effective_signal_interval(wcfg),
             min_rnr_timer: *q.min_rnr_timer,
@@ -297,8 +339,10 @@ fn build<P: Provider>(
         let (wi, i) = qidx[q.name.as_str()];
         if let Some(Peer::Local(peer)) = q.peer() {
             let (pw, pi) = *qidx.get(peer).ok_or_else(|| format!("qp {}: no peer QP {peer}", *q.name))?;
-            let dest = workers[pw].qp_num(pi);
-            workers[wi].connect(i, dest).map_err(|e| format!("qp {}: connect to {peer}: {e}", *q.name))?;
+            // The peer is on this device: the route leads back to our own port.
+            let ep = workers[pw].endpoint(pi, route.gid_index).map_err(|e| format!("qp {peer}: endpoint: {e}"))?;
+            let addr: PeerAddr = route.to(&ep);
+            workers[wi].connect_to(pd, i, &addr).map_err(|e| format!("qp {}: connect to {peer}: {e}", *q.name))?;
         }
     }
 
@@ -357,5 +401,6 @@ fn build<P: Provider>(
         };
         workers[wi].add_stage(s.name.as_str(), s.kind.as_str(), handler, outputs, input_qp);
     }
-    Ok(Built { workers })
+    let qps = qidx.into_iter().map(|(n, at)| (n.to_owned(), at)).collect();
+    Ok(Built { workers, qps })
 }

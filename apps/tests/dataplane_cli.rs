@@ -64,10 +64,45 @@ fn fanout_example_runs_clean() {
 
 #[test]
 fn check_accepts_the_examples() {
-    for name in ["echo.toml", "forward-chain.toml", "fanout.toml"] {
-        let out = bin().args(["check", example(name).to_str().unwrap()]).output().unwrap();
-        assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../config/examples");
+    let mut n = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().and_then(|e| e.to_str()) != Some("toml") {
+            continue;
+        }
+        let out = bin().args(["check", path.to_str().unwrap()]).output().unwrap();
+        assert!(out.status.success(), "{}: {}", path.display(), String::from_utf8_lossy(&out.stderr));
+        n += 1;
     }
+    assert!(n >= 8, "only {n} examples in {}", dir.display());
+}
+
+#[test]
+fn ud_loopback_echo_runs_clean() {
+    // echo.toml with UD QPs: every message carries the GRH area in front of its payload on
+    // receive, and every send goes through the address handle of its peer.
+    let text = std::fs::read_to_string(example("echo.toml"))
+        .unwrap()
+        .replace("peer = \"server-qp\"", "peer = \"server-qp\"\ntransport = \"ud\"")
+        .replace("peer = \"client-qp\"", "peer = \"client-qp\"\ntransport = \"ud\"")
+        .replace("rate = 100_000", "rate = 5_000");
+    assert_eq!(text.matches("transport = \"ud\"").count(), 2);
+    let p = temp_file("ud-echo.toml", &text);
+    let fabric = format!("test-ud-echo-{}", std::process::id());
+    let out = bin()
+        .args(["run", p.to_str().unwrap(), "--duration", "1s", "--json", "--no-pin", "--fabric", &fabric])
+        .output()
+        .unwrap();
+    let json = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "exit {:?}: {json} {}", out.status, String::from_utf8_lossy(&out.stderr));
+    assert_eq!(field(&json, "gaps"), 0, "{json}");
+    assert_eq!(field(&json, "leaked"), 0, "{json}");
+    let msgs = sink_msgs(&json);
+    assert!(msgs.len() == 1 && msgs[0] > 0, "{json}");
+    // 64-byte messages: the GRH area is not counted as payload.
+    let want = format!("\"kind\":\"sink\",\"msgs\":{},\"bytes\":{},", msgs[0], msgs[0] * 64);
+    assert!(json.contains(&want), "want {want} in {json}");
 }
 
 fn temp_file(name: &str, text: &str) -> PathBuf {
@@ -99,13 +134,22 @@ fn run_refuses_a_bad_file_with_exit_1() {
 }
 
 #[test]
-fn rdma_provider_says_it_is_not_implemented() {
-    let text = std::fs::read_to_string(example("echo.toml"))
+fn rdma_provider_that_cannot_open_says_why_with_exit_1() {
+    // No such device here, whether or not this machine has RDMA.
+    let text = std::fs::read_to_string(example("echo-rdma.toml"))
         .unwrap()
-        .replace("kind = \"shm\"\nfabric = \"echo-demo\"", "kind = \"rdma\"");
+        .replace("device = \"rxe0\"", "device = \"no-such-dev0\"");
     let p = temp_file("rdma.toml", &text);
     let out = bin().args(["run", p.to_str().unwrap(), "--duration", "1s"]).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("the rdma provider is not implemented yet (issue 4)"), "{stderr}");
+    assert!(stderr.starts_with("dataplane: cannot open the rdma provider: "), "{stderr}");
+}
+
+#[test]
+fn fabric_flag_with_rdma_is_refused() {
+    let out = bin().args(["run", example("echo-rdma.toml").to_str().unwrap(), "--fabric", "x"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("--fabric names an shm fabric; this pipeline uses the rdma provider"), "{stderr}");
 }

@@ -122,8 +122,9 @@ impl Config {
     ///   worker's), so the queue never fills with unsignaled WRs that no completion frees.
     /// - **RC attributes**: `min_rnr_timer <= 31`, `rnr_retry <= 7`, `retry_cnt <= 7`,
     ///   `timeout <= 31`.
-    /// - **Peers**: an RC QP has a peer; a local peer is another QP with the same transport,
-    ///   and for RC names this QP back; `host:port` has a host and a port 1-65535.
+    /// - **Peers**: an RC QP has a `peer` or a `listen` address, not both (neither may a UD
+    ///   QP); a local peer is another QP with the same transport, and for RC names this QP
+    ///   back; `host:port` (in `peer` and `listen`) has a host and a port 1-65535.
     /// - **Memory**: each pool has `count >= 1`, `buffer_size >= 64`, `cache_size <= count`,
     ///   and enough buffers for its workers (posted receives + send queues + cache each);
     ///   with `hugepages = "require"` the pools fit in the free huge pages of `page_size`;
@@ -131,7 +132,8 @@ impl Config {
     /// - **Stages**: input/output per kind (see [`StageKind`]); kind-specific parameters only
     ///   on their kind; a QP endpoint belongs to the stage's worker; a QP feeds at most one
     ///   stage; stage links are declared on both ends; fanout `outputs` is non-empty without
-    ///   repeats; a UD QP used as an output has a peer; no cycles among stage links.
+    ///   repeats; a UD QP used as an output, or as the input of an echo stage, has a peer or
+    ///   `listen`; no cycles among stage links.
     /// - **Sources**: `rate` >= 1 or `"max"`; `message_size >= 16`; not both `count` and
     ///   `duration`; the message fits the pool buffers of every stage on its path and the
     ///   receive buffers at every local peer it reaches (+40 bytes GRH for UD), and at most

@@ -536,10 +536,20 @@ pub struct QpConfig {
     pub timeout: Located<u8>,
     /// The peer: the name of another QP of this pipeline (loopback, in-process or over the
     /// same fabric), or `"host:port"` of the remote side's out-of-band TCP exchange
-    /// (`"[::1]:7000"` for IPv6). Required for RC (symmetric: the named QP must name this one
-    /// back); optional for UD, where it is the default destination. Default: absent.
+    /// (`"[::1]:7000"` for IPv6; its QP has `listen` on that address; the connection is
+    /// retried for 30 s). An RC QP needs a peer or `listen` (a local peer is symmetric: the
+    /// named QP must name this one back); for UD it is the destination of every send.
+    /// Default: absent.
     #[serde(default)]
     pub peer: Option<Located<String>>,
+    /// `"host:port"` to listen on for the remote side's out-of-band TCP exchange
+    /// (`"0.0.0.0:7000"`, `"[::]:7000"`): the QP waits for one connection there and learns its
+    /// peer from it. The other side names this address in its `peer`. QPs of one file that
+    /// listen on the same address share one connection and are matched with the remote QPs
+    /// naming that address in file order. Exclusive with `peer`; an RC QP needs one of the two.
+    /// Default: absent.
+    #[serde(default)]
+    pub listen: Option<Located<String>>,
     /// Receive through the owning worker's SRQ instead of a private receive queue.
     /// Default: `true`.
     #[serde(default = "d::use_srq")]
@@ -562,6 +572,7 @@ impl QpConfig {
             retry_cnt: d::retry_cnt(),
             timeout: d::timeout(),
             peer: None,
+            listen: None,
             use_srq: d::use_srq(),
         }
     }
@@ -569,6 +580,12 @@ impl QpConfig {
     /// The parsed `peer`, or `None` when absent or malformed (validation reports those).
     pub fn peer(&self) -> Option<Peer<'_>> {
         parse_peer(self.peer.as_ref()?.as_str()).ok()
+    }
+
+    /// The parsed `listen` address, or `None` when absent or malformed (validation reports
+    /// those).
+    pub fn listen_addr(&self) -> Option<(&str, u16)> {
+        parse_listen(self.listen.as_ref()?.as_str()).ok()
     }
 
     /// The signal interval in effect: this QP's, else its worker's.
@@ -593,6 +610,14 @@ pub(crate) fn parse_peer(text: &str) -> Result<Peer<'_>, String> {
             text.escape_debug(),
             port.escape_debug()
         )),
+    }
+}
+
+/// Parses a `listen` value: `"host:port"`, `"[v6 address]:port"`, with a port 1-65535.
+pub(crate) fn parse_listen(text: &str) -> Result<(&str, u16), String> {
+    match parse_peer(text)? {
+        Peer::Remote { host, port } => Ok((host, port)),
+        Peer::Local(_) => Err(format!("listen address `{}` has no port", text.escape_debug())),
     }
 }
 

@@ -916,6 +916,27 @@ impl<'a> Validator<'a> {
         let cfg = self.cfg;
         let q = &cfg.qps[j];
         let field = format!("qps[{j}].peer");
+        if let Some(listen) = &q.listen {
+            let field = format!("qps[{j}].listen");
+            if q.peer.is_some() {
+                self.push(
+                    ErrorKind::Invalid,
+                    listen.span.clone(),
+                    field,
+                    format!("qp `{}` has both `peer` and `listen`", q.name),
+                    Some("a qp either connects to its peer (`peer`) or waits for a remote one to connect (`listen`): remove one".into()),
+                );
+            } else if let Err(e) = parse_listen(listen) {
+                self.push(
+                    ErrorKind::Invalid,
+                    listen.span.clone(),
+                    field,
+                    e,
+                    Some("write \"host:port\": \"0.0.0.0:7000\" for every IPv4 address, \"[::]:7000\" for IPv6".into()),
+                );
+            }
+            return;
+        }
         let Some(peer) = &q.peer else {
             if *q.transport == Transport::Rc {
                 self.push(
@@ -923,7 +944,7 @@ impl<'a> Validator<'a> {
                     q.name.span.clone(),
                     format!("qps[{j}]"),
                     format!("rc qp `{}` has no peer", q.name),
-                    Some("set peer = \"<qp name>\" for a loopback, or \"host:port\" for a remote process".into()),
+                    Some("set peer = \"<qp name>\" for a loopback, peer = \"host:port\" to connect to a remote process, or listen = \"host:port\" to wait for one".into()),
                 );
             }
             return;
@@ -1025,6 +1046,26 @@ impl<'a> Validator<'a> {
                     None => self.dangling_endpoint(f("input"), input, "input"),
                     Some(Endpoint::Qp(j)) => {
                         self.check_owner(i, j, f("input"), input.span.clone());
+                        let q = &cfg.qps[j];
+                        if kind == StageKind::Echo
+                            && *q.transport == Transport::Ud
+                            && q.peer.is_none()
+                            && q.listen.is_none()
+                        {
+                            self.push(
+                                ErrorKind::Invalid,
+                                input.span.clone(),
+                                f("input"),
+                                format!(
+                                    "echo stage `{}` replies on ud qp `{}`, which has no peer to send to",
+                                    s.name, q.name
+                                ),
+                                Some(format!(
+                                    "set peer (or listen) on qp `{}`: a ud qp sends every message to its peer",
+                                    q.name
+                                )),
+                            );
+                        }
                         if let Some(&other) = consumers.get(&j) {
                             self.push(
                                 ErrorKind::Duplicate,
@@ -1092,13 +1133,13 @@ impl<'a> Validator<'a> {
                     Some(Endpoint::Qp(j)) => {
                         self.check_owner(i, j, field.clone(), dest.span.clone());
                         let q = &cfg.qps[j];
-                        if *q.transport == Transport::Ud && q.peer.is_none() {
+                        if *q.transport == Transport::Ud && q.peer.is_none() && q.listen.is_none() {
                             self.push(
                                 ErrorKind::Invalid,
                                 dest.span.clone(),
                                 field,
                                 format!("stage `{}` sends on ud qp `{}`, which has no peer to send to", s.name, q.name),
-                                Some(format!("set peer on qp `{}`", q.name)),
+                                Some(format!("set peer (or listen) on qp `{}`", q.name)),
                             );
                         }
                     }

@@ -211,7 +211,82 @@ fn asymmetric_rc_peers() {
         lines,
         [
             "pipeline.toml:12:8: qps[0].peer: rc qp `a` peers with `b`, but `b` has no peer; hint: an rc connection has two ends: set peer = \"a\" on qp `b`",
-            "pipeline.toml:15:8: qps[1]: rc qp `b` has no peer; hint: set peer = \"<qp name>\" for a loopback, or \"host:port\" for a remote process",
+            "pipeline.toml:15:8: qps[1]: rc qp `b` has no peer; hint: set peer = \"<qp name>\" for a loopback, peer = \"host:port\" to connect to a remote process, or listen = \"host:port\" to wait for one",
+        ]
+    );
+}
+
+/// BASE with qp `b` listening for a remote peer and qp `a` connecting to one: two processes'
+/// halves in one file (lines 12 and 17).
+fn remote_base() -> String {
+    base_with("peer = \"b\"\n", "peer = \"10.0.0.2:7000\"\n").replacen(
+        "peer = \"a\"\n",
+        "listen = \"0.0.0.0:7000\"\n",
+        1,
+    )
+}
+
+#[test]
+fn remote_peer_and_listen_are_valid() {
+    let text = remote_base();
+    assert!(errors(&text).is_empty(), "{:?}", errors(&text));
+    let c = dataplane_config::Config::from_str(&text, "pipeline.toml").unwrap();
+    assert_eq!(c.qps[1].listen_addr(), Some(("0.0.0.0", 7000)));
+    assert_eq!(c.qps[0].peer(), Some(dataplane_config::Peer::Remote { host: "10.0.0.2", port: 7000 }));
+}
+
+#[test]
+fn peer_and_listen_together() {
+    let e = one_error(&remote_base().replacen(
+        "peer = \"10.0.0.2:7000\"\n",
+        "peer = \"10.0.0.2:7000\"\nlisten = \"[::]:7001\"\n",
+        1,
+    ));
+    assert_eq!(
+        e.to_string(),
+        "pipeline.toml:13:10: qps[0].listen: qp `a` has both `peer` and `listen`; hint: a qp either connects to its peer (`peer`) or waits for a remote one to connect (`listen`): remove one"
+    );
+}
+
+#[test]
+fn listen_without_a_port() {
+    let e = one_error(&remote_base().replacen("\"0.0.0.0:7000\"", "\"0.0.0.0\"", 1));
+    assert_eq!(
+        e.to_string(),
+        "pipeline.toml:17:10: qps[1].listen: listen address `0.0.0.0` has no port; hint: write \"host:port\": \"0.0.0.0:7000\" for every IPv4 address, \"[::]:7000\" for IPv6"
+    );
+}
+
+#[test]
+fn listen_with_a_bad_port_or_no_host() {
+    let e = one_error(&remote_base().replacen("\"0.0.0.0:7000\"", "\"0.0.0.0:70000\"", 1));
+    assert_eq!(e.line_column(), Some((17, 10)));
+    assert_eq!(e.field, "qps[1].listen");
+    assert_eq!(e.message, "peer `0.0.0.0:70000` has an invalid port `70000` (expected 1-65535)");
+    let e = one_error(&remote_base().replacen("\"0.0.0.0:7000\"", "\":7000\"", 1));
+    assert_eq!(e.message, "peer `:7000` has no host");
+}
+
+#[test]
+fn remote_peer_with_a_bad_port() {
+    let e = one_error(&remote_base().replacen("10.0.0.2:7000", "10.0.0.2:0", 1));
+    assert_eq!(
+        e.to_string(),
+        "pipeline.toml:12:8: qps[0].peer: peer `10.0.0.2:0` has an invalid port `0` (expected 1-65535); hint: write a qp name, or \"host:port\" (\"[::1]:7000\" for IPv6)"
+    );
+}
+
+#[test]
+fn ud_echo_needs_a_peer_to_reply_to() {
+    // qp `b` becomes UD without peer; `a` then peers with a UD qp (one error), and the echo
+    // on `b` has nobody to reply to (the other).
+    let text = base_with("peer = \"a\"\n", "transport = \"ud\"\n");
+    let lines: Vec<String> = errors(&text).iter().map(|e| e.to_string()).collect();
+    assert_eq!(
+        lines,
+        [
+            "pipeline.toml:12:8: qps[0].peer: qp `a` is rc but its peer `b` is ud; hint: both ends of a connection use the same transport",
+            "pipeline.toml:29:9: stages[1].input: echo stage `echo` replies on ud qp `b`, which has no peer to send to; hint: set peer (or listen) on qp `b`: a ud qp sends every message to its peer",
         ]
     );
 }

@@ -84,37 +84,50 @@ pub fn client_exchange(host: &str, port: u16, local: &Endpoint) -> Result<Endpoi
 /// Client side for several QPs (`ibv_srq_pingpong`): sends one message per endpoint of
 /// `locals`, reads as many from the server, then sends `done`.
 pub fn client_exchange_many(host: &str, port: u16, locals: &[Endpoint]) -> Result<Vec<Endpoint>> {
+    let mut s = connect_stream(host, port)?;
+    client_exchange_on(&mut s, locals, |_| Ok(()))
+}
+
+/// Opens the TCP connection of a client exchange: tries every address `host` resolves to.
+/// Errors: `EINVAL` when the name does not resolve, `EIO` (with the last reason) when no
+/// address accepts.
+pub fn connect_stream(host: &str, port: u16) -> Result<TcpStream> {
     let addrs = (host, port)
         .to_socket_addrs()
         .map_err(|e| Error::new(Errno::EINVAL, format!("cannot resolve {host}:{port}: {e}")))?;
     let mut last = None;
-    let mut stream = None;
     for a in addrs {
         match TcpStream::connect(a) {
-            Ok(s) => {
-                stream = Some(s);
-                break;
-            }
+            Ok(s) => return Ok(s),
             Err(e) => last = Some(e),
         }
     }
-    let mut s = stream.ok_or_else(|| {
-        let e = last.map_or_else(|| "no address".to_owned(), |e| e.to_string());
-        Error::new(Errno::EIO, format!("cannot connect to {host}:{port}: {e}"))
-    })?;
+    let e = last.map_or_else(|| "no address".to_owned(), |e| e.to_string());
+    Err(Error::new(Errno::EIO, format!("cannot connect to {host}:{port}: {e}")))
+}
+
+/// Client side on an open connection: sends `locals`, reads as many endpoints from the server,
+/// calls `connect` with them, then sends `done` (so a server that waits for `done` knows the
+/// client's QPs are ready). The stream stays open for the caller.
+pub fn client_exchange_on(
+    s: &mut TcpStream,
+    locals: &[Endpoint],
+    connect: impl FnOnce(&[Endpoint]) -> Result<()>,
+) -> Result<Vec<Endpoint>> {
     for l in locals {
         s.write_all(&encode(l)).map_err(|e| io_err("sending the connection message", e))?;
     }
-    let remotes = read_many(&mut s, locals.len(), "reading the server's connection message")?;
+    let remotes = read_many(s, locals.len(), "reading the server's connection message")?;
+    connect(&remotes)?;
     s.write_all(b"done\0").map_err(|e| io_err("sending done", e))?;
     Ok(remotes)
 }
 
 fn read_many(s: &mut TcpStream, n: usize, what: &str) -> Result<Vec<Endpoint>> {
     let mut out = Vec::with_capacity(n);
-    for _ in 0..n {
+    for i in 0..n {
         let mut buf = [0u8; MSG_LEN];
-        s.read_exact(&mut buf).map_err(|e| io_err(what, e))?;
+        s.read_exact(&mut buf).map_err(|e| io_err(&format!("{what} ({} of {n})", i + 1), e))?;
         out.push(decode(&buf)?);
     }
     Ok(out)
@@ -139,7 +152,18 @@ pub fn server_exchange_many(
     connect: impl FnOnce(&[Endpoint]) -> Result<()>,
 ) -> Result<Vec<Endpoint>> {
     let (mut s, _) = listener.accept().map_err(|e| io_err("accepting the client", e))?;
-    let remotes = read_many(&mut s, locals.len(), "reading the client's connection message")?;
+    server_exchange_on(&mut s, locals, connect)
+}
+
+/// Server side on an accepted connection: reads one message per endpoint of `locals`, calls
+/// `connect` with them, sends `locals`, and waits for `done`. The stream stays open for the
+/// caller.
+pub fn server_exchange_on(
+    s: &mut TcpStream,
+    locals: &[Endpoint],
+    connect: impl FnOnce(&[Endpoint]) -> Result<()>,
+) -> Result<Vec<Endpoint>> {
+    let remotes = read_many(s, locals.len(), "reading the client's connection message")?;
     connect(&remotes)?;
     for l in locals {
         s.write_all(&encode(l)).map_err(|e| io_err("sending the connection message", e))?;
@@ -279,6 +303,39 @@ mod tests {
         let mut m = encode(&Endpoint::default());
         m[30] = b'z';
         assert!(decode(&m).is_err());
+    }
+
+    #[test]
+    fn exchange_on_open_streams_pairs_in_order_and_keeps_them_open() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let ep = |qpn| Endpoint { lid: 1, qpn, psn: qpn + 1, gid: [qpn as u8; 16] };
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let client_up = std::sync::Arc::new(AtomicBool::new(false));
+        let up = client_up.clone();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let got = server_exchange_on(&mut s, &[ep(0x20), ep(0x21)], |r| {
+                assert_eq!(r, [ep(0x10), ep(0x11)]);
+                Ok(())
+            })
+            .unwrap();
+            // `done` came after the client's connect callback.
+            assert!(up.load(Ordering::Acquire));
+            let mut b = [0u8; 1];
+            s.read_exact(&mut b).unwrap();
+            (got, b[0])
+        });
+        let mut s = connect_stream("127.0.0.1", port).unwrap();
+        let got = client_exchange_on(&mut s, &[ep(0x10), ep(0x11)], |r| {
+            assert_eq!(r, [ep(0x20), ep(0x21)]);
+            client_up.store(true, Ordering::Release);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(got, [ep(0x20), ep(0x21)]);
+        s.write_all(&[7]).unwrap();
+        assert_eq!(server.join().unwrap(), (vec![ep(0x10), ep(0x11)], 7));
     }
 
     #[test]

@@ -121,6 +121,7 @@ fn steady_state_loop_does_not_allocate() {
         rnr_retry: 7,
         retry_cnt: 7,
         timeout: 14,
+        ..QpParams::default()
     };
     let a = w.add_qp(&pd, qp("a")).unwrap();
     let b = w.add_qp(&pd, qp("b")).unwrap();

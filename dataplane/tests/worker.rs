@@ -53,6 +53,7 @@ fn setup_with(test: &str, core: Option<usize>, dropper: bool) -> Setup {
         rnr_retry: 7,
         retry_cnt: 7,
         timeout: 14,
+        ..QpParams::default()
     };
     let a = w.add_qp(&pd, qp("a")).unwrap();
     let b = w.add_qp(&pd, qp("b")).unwrap();

@@ -47,7 +47,7 @@ enum Cmd {
         /// Override every worker's doorbell_batch.
         #[arg(long)]
         doorbell_batch: Option<u32>,
-        /// Override the shm fabric name.
+        /// Override the shm fabric name (pipelines on the shm provider only).
         #[arg(long)]
         fabric: Option<String>,
         /// Do not pin worker threads.

@@ -4,13 +4,14 @@
 //!
 //! Server: `dp-pingpong -d rxe1 -g 1`; client: `dp-pingpong -d rxe0 -g 1 SERVER`.
 //! RC, UD with `--ud` (against `ibv_ud_pingpong`), or `-q` RC QPs on one SRQ with `--srq`
-//! (against `ibv_srq_pingpong`).
+//! (against `ibv_srq_pingpong`). Flags of `ibv_rc_pingpong`: `-p -d -i -g -s -m -r -n`, and
+//! `-c` (`--chk`, RC only): the received buffer is validated the way rdma-core does it.
 
 use clap::Parser;
 use dataplane::conn;
 use dataplane::rdma::{Rdma, RdmaConfig};
 use dataplane::verbs::*;
-use dataplane::{Context, Cq, Mr, Pd, Provider, Qp, QpInitAttr, Srq};
+use dataplane::{Context, Cq, MemRegion, Mr, Pd, Provider, Qp, QpInitAttr, Srq};
 use std::net::TcpListener;
 use std::time::Instant;
 
@@ -51,6 +52,12 @@ struct Args {
     /// Number of QPs with `--srq`.
     #[arg(short = 'q', long = "num-qp", default_value_t = 16)]
     num_qp: u32,
+    /// Validate the received buffer, as `ibv_rc_pingpong --chk` does: both buffers start
+    /// filled with 0x7b; the client sets the first byte of every page of its message to 0
+    /// before sending; the server checks after the run that those bytes arrived ("invalid
+    /// data in page N" for each that did not, and a failure exit).
+    #[arg(short = 'c', long = "chk", conflicts_with_all = ["ud", "srq"])]
+    chk: bool,
     /// Server to connect to (none: be the server).
     server: Option<String>,
 }
@@ -71,6 +78,8 @@ fn run(a: &Args) -> Result<()> {
     let grh = if a.ud { GRH_LEN as u32 } else { 0 };
     let buf_len = (a.size + grh) as usize;
     let region = ctx.alloc_region(buf_len)?;
+    // rdma-core's pingpongs start from a buffer of 0x7b, which `--chk` relies on.
+    region.fill(0, buf_len, 0x7b);
     let mr = pd.reg_mr(&region, 0, buf_len, AccessFlags::LOCAL_WRITE)?;
     let nq = if a.srq { a.num_qp.clamp(1, SRQ_PP_MSGS as u32) as usize } else { 1 };
     let mut cq = ctx.create_cq(a.rx_depth + nq as u32)?;
@@ -200,6 +209,12 @@ fn run(a: &Args) -> Result<()> {
     let post_send = |qp: &mut <Rdma as Provider>::Qp| {
         qp.post_send(&send).map_err(|e| Error::new(e.errno, format!("post_send: {e}")))
     };
+    let page = page_size();
+    if a.chk && a.server.is_some() {
+        for off in (0..a.size as usize).step_by(page) {
+            region.write(off, &[0]);
+        }
+    }
     let start = Instant::now();
     let (mut scnt, mut rcnt) = (0u64, 0u64);
     let mut posted_recvs = a.rx_depth;
@@ -245,12 +260,33 @@ fn run(a: &Args) -> Result<()> {
         }
     }
     let secs = start.elapsed().as_secs_f64();
+    if a.chk && a.server.is_none() {
+        let mut invalid = 0;
+        for off in (0..a.size as usize).step_by(page) {
+            let mut b = [0u8];
+            region.read(off, &mut b);
+            if b[0] != 0 {
+                println!("invalid data in page {}", off / page);
+                invalid += 1;
+            }
+        }
+        if invalid > 0 {
+            return Err(Error::new(Errno::EIO, format!("--chk: {invalid} page(s) of the received buffer are invalid")));
+        }
+    }
     let bytes = a.size as u64 * a.iters * 2;
     println!("{bytes} bytes in {secs:.2} seconds = {:.2} Mbit/sec", bytes as f64 * 8.0 / secs / 1e6);
     println!("{} iters in {secs:.2} seconds = {:.2} usec/iter", a.iters, secs * 1e6 / a.iters as f64);
     drop(qps);
     drop(ah);
     Ok(())
+}
+
+/// The system page size (`--chk` marks one byte per page, as rdma-core does).
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions; it returns -1 on error, handled below.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(n).ok().filter(|&n| n > 0).unwrap_or(4096)
 }
 
 fn gid_str(g: &[u8; 16]) -> String {

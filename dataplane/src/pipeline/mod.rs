@@ -52,13 +52,17 @@ impl Default for Clock {
     }
 }
 
-/// A message owned by a stage: a pool buffer and the length of its payload.
+/// A message owned by a stage: a pool buffer, where its payload starts in it and the
+/// payload's length. The payload starts at 0, except for messages received on a UD QP, whose
+/// first 40 bytes hold the GRH area.
 ///
 /// Not `Copy` or `Clone`: a handler must pass each message on exactly once (send, reply or
 /// drop). A message forgotten by a handler is a leaked buffer, which shutdown reports.
 #[derive(Debug)]
 pub struct Msg {
     pub(crate) buf: Buf,
+    /// Offset of the payload in the buffer.
+    pub(crate) off: u16,
     pub(crate) len: u32,
     /// Index of the worker QP it arrived on (`u16::MAX`: made locally).
     pub(crate) qp: u16,
@@ -158,15 +162,16 @@ impl StageCx<'_> {
     pub fn bytes(&self, m: &Msg) -> &[u8] {
         // SAFETY: the buffer is in the pool's mapped range and `len` fits in it (checked when
         // the message was made); this stage owns the buffer (it came out of a completion or
-        // the cache), so no peer or DMA engine writes it until it is posted again.
-        unsafe { std::slice::from_raw_parts(self.pool.ptr_of(m.buf), m.len as usize) }
+        // the cache), so no peer or DMA engine writes it until it is posted again; `off + len`
+        // was checked against the buffer size when the message was made.
+        unsafe { std::slice::from_raw_parts(self.pool.ptr_of(m.buf).add(m.off as usize), m.len as usize) }
     }
 
     /// The message's payload, writable.
     #[inline]
     pub fn bytes_mut(&mut self, m: &mut Msg) -> &mut [u8] {
         // SAFETY: as in `bytes`; `&mut Msg` makes this the only view of the buffer.
-        unsafe { std::slice::from_raw_parts_mut(self.pool.ptr_of(m.buf), m.len as usize) }
+        unsafe { std::slice::from_raw_parts_mut(self.pool.ptr_of(m.buf).add(m.off as usize), m.len as usize) }
     }
 
     /// Number of outputs of this stage.
@@ -219,15 +224,18 @@ impl StageCx<'_> {
             return None;
         }
         let buf = self.cache.get()?;
-        Some(Msg { buf, len: len as u32, qp: u16::MAX })
+        Some(Msg { buf, off: 0, len: len as u32, qp: u16::MAX })
     }
 
-    /// A copy of `m` in a new buffer.
+    /// A copy of `m`'s payload at the start of a new buffer.
     #[inline]
     pub fn copy(&mut self, m: &Msg) -> Option<Msg> {
         let mut c = self.alloc(m.len())?;
-        // SAFETY: both buffers are owned by this stage and distinct; lengths are checked.
-        unsafe { std::ptr::copy_nonoverlapping(self.pool.ptr_of(m.buf), self.pool.ptr_of(c.buf), m.len()) };
+        // SAFETY: both buffers are owned by this stage and distinct; `m.off + m.len` fits in
+        // its buffer (checked when it was made) and `m.len` in the new one (`alloc`).
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.pool.ptr_of(m.buf).add(m.off as usize), self.pool.ptr_of(c.buf), m.len())
+        };
         c.qp = m.qp;
         Some(c)
     }

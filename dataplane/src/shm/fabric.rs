@@ -21,6 +21,9 @@ pub(crate) struct Fabric {
     base: *mut u8,
     size: u64,
     pid: u32,
+    /// Whether `open` entered this handle in [`REGISTRY`]; only those leave it on drop. A
+    /// handle `try_open` gives up on is dropped while `open` holds the registry lock.
+    registered: bool,
 }
 
 // SAFETY: the mapping is shared memory accessed through atomics and bounds-checked raw
@@ -87,7 +90,8 @@ impl Fabric {
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
             match Self::try_open(name, size, huge)? {
-                Some((f, ctx)) => {
+                Some((mut f, ctx)) => {
+                    f.registered = true;
                     let f = Arc::new(f);
                     map.insert(name.to_string(), Arc::downgrade(&f));
                     return Ok((f, ctx));
@@ -165,6 +169,7 @@ impl Fabric {
             region,
             name: name.to_string(),
             pid: std::process::id(),
+            registered: false,
         }
     }
 
@@ -448,6 +453,9 @@ impl Fabric {
 
 impl Drop for Fabric {
     fn drop(&mut self) {
+        if !self.registered {
+            return;
+        }
         let mut reg = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(map) = reg.as_mut() {
             if map.get(&self.name).is_some_and(|w| w.strong_count() == 0) {
@@ -465,4 +473,38 @@ pub(crate) fn atomic_u64_at(f: &Fabric, off: u64) -> Option<&AtomicU64> {
     // SAFETY: 8 bytes inside the arena (checked by `ptr`), 8-byte aligned (checked above);
     // every concurrent access to remote-atomic targets goes through atomics.
     f.ptr(off, 8).map(|p| unsafe { &*(p as *const AtomicU64) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Attaching while another process is still creating the fabric: `try_open` gives up on
+    /// the half-made fabric (no magic yet) and retries. Dropping the handle it gave up on used
+    /// to take the registry lock `open` holds, a self-deadlock (two `dataplane run` started
+    /// together hung). Here the "other process" is a thread that creates the region and
+    /// initialises it 50 ms later.
+    #[test]
+    fn attaching_to_a_fabric_being_created_does_not_deadlock() {
+        let name = format!("fabric-race-{}", std::process::id());
+        let size = TABLES.end + (8 << 20);
+        let region = Region::create_shared(&name, size, HugePolicy::Never).unwrap();
+        let creator = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            let f = Fabric::wrap(region, "creator");
+            f.init();
+            // Keep the mapping (and the file) until the opener is done.
+            std::thread::sleep(Duration::from_millis(500));
+            f.region.unlink();
+        });
+        let (tx, rx) = std::sync::mpsc::channel();
+        let n = name.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(Fabric::open(&n, size, HugePolicy::Never).map(|(f, ctx)| (f.name().to_owned(), ctx)));
+        });
+        let opened = rx.recv_timeout(Duration::from_secs(10)).expect("Fabric::open deadlocked");
+        let (got, _) = opened.unwrap();
+        assert_eq!(got, name);
+        creator.join().unwrap();
+    }
 }

@@ -5,11 +5,16 @@
 //! the QP's in-flight ring. One WR in `signal_interval` is SIGNALED; when its completion is
 //! polled, it and every earlier WR of the QP are done (verbs completes a QP's sends in order),
 //! so their buffers go back to the pool.
+//!
+//! Sends of at most `max_inline` bytes carry the INLINE flag (the device copies the bytes at
+//! post time instead of reading the buffer by DMA); their buffers still wait for the
+//! completion, which keeps the accounting the same for both kinds. A UD QP's sends all go to
+//! its one destination (`set_dest`).
 
 use super::stats::{QpStats, WorkerCounters};
 use crate::mem::{Buf, PoolCache};
 use crate::provider::Qp;
-use crate::verbs::{SendChain, SendWr, Sge, WcStatus, WorkCompletion};
+use crate::verbs::{SendChain, SendFlags, SendWr, Sge, UdDest, WcStatus, WorkCompletion};
 use std::collections::VecDeque;
 
 /// Sends of one QP: the chain being gathered and the buffers in flight.
@@ -29,6 +34,9 @@ pub struct SendBatch<Q: Qp> {
     batch: u32,
     depth: u32,
     lkey: u32,
+    max_inline: u32,
+    /// Destination of every send (UD); all zero on connected QPs, which ignore it.
+    dest: UdDest,
     pub(crate) stats: QpStats,
 }
 
@@ -49,8 +57,20 @@ impl<Q: Qp> SendBatch<Q> {
             batch: batch.clamp(1, depth),
             depth,
             lkey,
+            max_inline: 0,
+            dest: UdDest::default(),
             stats: QpStats::new(),
         }
+    }
+
+    /// Sends of at most `bytes` go INLINE (0: none). At most the QP's `max_inline_data`.
+    pub fn set_max_inline(&mut self, bytes: u32) {
+        self.max_inline = bytes;
+    }
+
+    /// The destination of every later send (UD QPs).
+    pub fn set_dest(&mut self, dest: UdDest) {
+        self.dest = dest;
     }
 
     /// Free send-queue slots (not in flight and not gathered).
@@ -64,22 +84,26 @@ impl<Q: Qp> SendBatch<Q> {
         self.inflight.len()
     }
 
-    /// Adds a SEND of `len` bytes of `buf` to the chain; posts the chain when it reaches the
-    /// doorbell batch. The caller checked [`room`](Self::room); `false` (and the buffer back to
-    /// the caller's responsibility) if there was none.
+    /// Adds a SEND of the `len` bytes at offset `off` of `buf` to the chain; posts the chain
+    /// when it reaches the doorbell batch. The caller checked [`room`](Self::room); `false`
+    /// (and the buffer back to the caller's responsibility) if there was none.
     #[inline]
-    pub fn push(&mut self, buf: Buf, len: u32, w: &WorkerCounters, cache: &mut PoolCache) -> bool {
+    pub fn push(&mut self, buf: Buf, off: u32, len: u32, w: &WorkerCounters, cache: &mut PoolCache) -> bool {
         if self.room() == 0 {
             return false;
         }
         let seq = self.next_seq + self.pending.len() as u64;
         self.since_signal += 1;
         let mut wr = SendWr::send(seq);
+        wr.ud = self.dest;
         if self.since_signal >= self.signal_interval {
             wr = wr.signaled();
             self.since_signal = 0;
         }
-        self.chain.push(wr, &[Sge::new(buf.addr(), len, self.lkey)]);
+        if len <= self.max_inline {
+            wr.flags |= SendFlags::INLINE;
+        }
+        self.chain.push(wr, &[Sge::new(buf.addr() + u64::from(off), len, self.lkey)]);
         self.pending.push_back((buf, len));
         if self.pending.len() >= self.batch as usize {
             self.flush(w, cache);
@@ -96,7 +120,7 @@ impl<Q: Qp> SendBatch<Q> {
         }
         let n = self.pending.len();
         let bytes: u64 = self.pending.iter().map(|&(_, l)| l as u64).sum();
-        let signaled = self.chain.wrs().iter().filter(|wr| wr.flags.contains(crate::verbs::SendFlags::SIGNALED));
+        let signaled = self.chain.wrs().iter().filter(|wr| wr.flags.contains(SendFlags::SIGNALED));
         let signaled = signaled.count() as u64;
         match self.qp.post_send(&self.chain) {
             Ok(()) => {

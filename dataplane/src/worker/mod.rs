@@ -18,7 +18,9 @@ pub mod stats;
 use crate::mem::{BufferPool, PoolCache};
 use crate::pipeline::{Clock, Handler, LocalQueue, StageReport, Target};
 use crate::provider::{Context, Cq, Pd, Provider, Qp, QpInitAttr};
-use crate::verbs::{Errno, Error, QpAttr, QpCaps, QpState, QpType, Result, SrqAttr, WorkCompletion};
+use crate::verbs::{
+    AhAttr, Endpoint, Errno, Error, QpAttr, QpCaps, QpState, QpType, Result, SrqAttr, UdDest, WorkCompletion, GRH_LEN,
+};
 use batch::SendBatch;
 use idle::{Idle, IdleKind};
 use srq::Replenisher;
@@ -102,11 +104,16 @@ pub struct WorkerParams {
     pub cache_size: u32,
 }
 
+/// Q_Key of the runtime's UD QPs (the one `ibv_ud_pingpong` uses).
+pub const UD_QKEY: u32 = 0x1111_1111;
+
 /// Settings of one QP.
 #[derive(Debug, Clone)]
 pub struct QpParams {
     /// Name, for reports.
     pub name: String,
+    /// RC or UD (UC is not used by the runtime).
+    pub transport: QpType,
     /// Send queue entries.
     pub send_depth: u32,
     /// One send in this many is signaled.
@@ -119,6 +126,39 @@ pub struct QpParams {
     pub retry_cnt: u8,
     /// ACK timeout code (RTS).
     pub timeout: u8,
+    /// Sends of at most this many bytes are posted INLINE (0: never). Must not exceed the
+    /// device's `max_inline_data` (the runner clamps it).
+    pub max_inline: u32,
+}
+
+impl Default for QpParams {
+    /// An RC QP with the config schema's defaults.
+    fn default() -> Self {
+        QpParams {
+            name: String::new(),
+            transport: QpType::Rc,
+            send_depth: 128,
+            signal_interval: 16,
+            min_rnr_timer: 12,
+            rnr_retry: 7,
+            retry_cnt: 7,
+            timeout: 14,
+            max_inline: 0,
+        }
+    }
+}
+
+/// Where a QP's peer is, as learned from the configuration (a local QP) or the out-of-band
+/// exchange (a remote one): what RC's RTR needs, or what every UD send carries.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PeerAddr {
+    /// The peer QP's number.
+    pub qpn: u32,
+    /// The peer's starting packet sequence number (RC: this QP's expected receive PSN).
+    pub psn: u32,
+    /// The route to the peer's port (RoCE: `is_global` with its GID; `port_num` is the local
+    /// port, `sgid_index` the local GID index).
+    pub ah: AhAttr,
 }
 
 pub(crate) struct StageSlot {
@@ -224,6 +264,10 @@ pub struct Worker<P: Provider> {
     pub(crate) batches: Vec<SendBatch<P::Qp>>,
     pub(crate) qp_params: Vec<QpParams>,
     pub(crate) qp_nums: Vec<u32>,
+    /// Bytes in front of the payload of each QP's receives (UD: the 40-byte GRH area).
+    pub(crate) qp_rx_off: Vec<u16>,
+    /// Address handles of UD destinations, kept alive as long as the QPs sending to them.
+    ahs: Vec<P::Ah>,
     /// Stage fed by each QP's receives.
     pub(crate) qp_stage: Vec<Option<u16>>,
     pub(crate) stages: Vec<StageSlot>,
@@ -291,6 +335,8 @@ impl<P: Provider> Worker<P> {
             batches: Vec::new(),
             qp_params: Vec::new(),
             qp_nums: Vec::new(),
+            qp_rx_off: Vec::new(),
+            ahs: Vec::new(),
             qp_stage: Vec::new(),
             stages: Vec::new(),
             sources: Vec::new(),
@@ -364,23 +410,37 @@ impl<P: Provider> Worker<P> {
         Ok(())
     }
 
-    /// Creates an RC QP on the worker's CQs and SRQ, in INIT; returns its index.
+    /// Creates a QP on the worker's CQs and SRQ; returns its index. An RC QP is left in
+    /// INIT until [`connect`](Self::connect_to); a UD QP is brought to RTS at once (it
+    /// receives from anyone) and gets its destination from [`connect_to`](Self::connect_to).
     pub fn add_qp(&mut self, pd: &P::Pd, qp: QpParams) -> Result<usize> {
-        let cap = QpCaps { max_send_wr: qp.send_depth, max_recv_wr: 0, max_inline_data: 0, ..Default::default() };
+        if !matches!(qp.transport, QpType::Rc | QpType::Ud) {
+            return Err(Error::new(Errno::EINVAL, format!("qp {}: the runtime uses RC and UD QPs only", qp.name)));
+        }
+        let cap =
+            QpCaps { max_send_wr: qp.send_depth, max_recv_wr: 0, max_inline_data: qp.max_inline, ..Default::default() };
         let attr = QpInitAttr::<P> {
             send_cq: &self.scq,
             recv_cq: &self.rcq,
             srq: Some(&self.srq.srq),
             cap,
-            qp_type: QpType::Rc,
+            qp_type: qp.transport,
             sq_sig_all: false,
         };
         let mut q = pd.create_qp(&attr)?;
-        q.modify(&QpAttr { state: QpState::Init, ..Default::default() })?;
+        q.modify(&QpAttr { state: QpState::Init, qkey: UD_QKEY, ..Default::default() })?;
+        let ud = qp.transport == QpType::Ud;
+        if ud {
+            q.modify(&QpAttr { state: QpState::Rtr, ..Default::default() })?;
+            q.modify(&QpAttr { state: QpState::Rts, ..Default::default() })?;
+        }
         let depth = q.caps().max_send_wr.min(qp.send_depth).max(1);
         self.qp_nums.push(q.qp_num());
+        self.qp_rx_off.push(if ud { GRH_LEN as u16 } else { 0 });
         self.qp_stage.push(None);
-        self.batches.push(SendBatch::new(q, depth, self.params.doorbell_batch, qp.signal_interval, self.lkey));
+        let mut batch = SendBatch::new(q, depth, self.params.doorbell_batch, qp.signal_interval, self.lkey);
+        batch.set_max_inline(qp.max_inline);
+        self.batches.push(batch);
         self.qp_params.push(qp);
         Ok(self.batches.len() - 1)
     }
@@ -390,11 +450,45 @@ impl<P: Provider> Worker<P> {
         self.qp_nums[i]
     }
 
-    /// Connects QP `i` to the remote QP `dest_qpn` (INIT → RTR → RTS).
+    /// QP `i`'s identity for the out-of-band exchange, with GID `gid_index` of its port.
+    pub fn endpoint(&self, i: usize, gid_index: u8) -> Result<Endpoint> {
+        self.batches[i].qp.endpoint(gid_index)
+    }
+
+    /// Connects RC QP `i` to QP `dest_qpn` of the same shm fabric (INIT → RTR → RTS), with
+    /// no route: enough for `shm`, where QP numbers are fabric-wide. On `rdma` use
+    /// [`connect_to`](Self::connect_to) with the peer's GID.
     pub fn connect(&mut self, i: usize, dest_qpn: u32) -> Result<()> {
+        self.connect_rc(i, &PeerAddr { qpn: dest_qpn, psn: 0, ah: AhAttr { port_num: 1, ..Default::default() } })
+    }
+
+    /// Connects QP `i` to `peer`: RC goes INIT → RTR (with the peer's QPN, PSN and route, at
+    /// the port's active MTU) → RTS; UD gets an address handle created on `pd` from the route,
+    /// and sends every message to the peer's QPN with [`UD_QKEY`].
+    pub fn connect_to(&mut self, pd: &P::Pd, i: usize, peer: &PeerAddr) -> Result<()> {
+        if self.qp_params[i].transport == QpType::Ud {
+            let ah = pd.create_ah(&peer.ah)?;
+            let dest = UdDest { ah: crate::provider::Ah::handle(&ah), remote_qpn: peer.qpn, remote_qkey: UD_QKEY };
+            self.ahs.push(ah);
+            self.batches[i].set_dest(dest);
+            return Ok(());
+        }
+        self.connect_rc(i, peer)
+    }
+
+    fn connect_rc(&mut self, i: usize, peer: &PeerAddr) -> Result<()> {
         let p = &self.qp_params[i];
-        let rtr =
-            QpAttr { state: QpState::Rtr, dest_qp_num: dest_qpn, min_rnr_timer: p.min_rnr_timer, ..Default::default() };
+        let port = if peer.ah.port_num == 0 { 1 } else { peer.ah.port_num };
+        let path_mtu = self.ctx.port_attr(port)?.active_mtu;
+        let rtr = QpAttr {
+            state: QpState::Rtr,
+            dest_qp_num: peer.qpn,
+            rq_psn: peer.psn,
+            ah: peer.ah,
+            path_mtu,
+            min_rnr_timer: p.min_rnr_timer,
+            ..Default::default()
+        };
         let rts = QpAttr {
             state: QpState::Rts,
             rnr_retry: p.rnr_retry,

@@ -54,9 +54,13 @@ impl<P: Provider> Worker<P> {
                 };
                 let q = self.qp_nums.iter().position(|&q| q == wc.qp_num);
                 let stage = q.and_then(|q| self.qp_stage[q]);
+                // UD receives start with the 40-byte GRH area, which is not payload.
+                let off = q.map_or(0, |q| self.qp_rx_off[q]);
                 match (wc.status, q, stage) {
-                    (WcStatus::Success, Some(q), Some(s)) if wc.byte_len <= self.max_msg => {
-                        let len = wc.byte_len;
+                    (WcStatus::Success, Some(q), Some(s))
+                        if wc.byte_len <= self.max_msg && wc.byte_len >= u32::from(off) =>
+                    {
+                        let len = wc.byte_len - u32::from(off);
                         stats.rx_msgs.add(1);
                         stats.rx_bytes.add(len as u64);
                         self.batches[q].stats.rx_msgs.add(1);
@@ -64,7 +68,7 @@ impl<P: Provider> Worker<P> {
                         let st = &self.stages[s as usize];
                         st.stats.msgs_in.add(1);
                         st.stats.bytes_in.add(len as u64);
-                        let m = Msg { buf, len, qp: q as u16 };
+                        let m = Msg { buf, off, len, qp: q as u16 };
                         if let Err(m) = self.queue.push(Target::Stage(s), m) {
                             stats.dropped.add(1);
                             let _ = self.cache.put(m.buf);
@@ -119,7 +123,7 @@ impl<P: Provider> Worker<P> {
                         deferred += 1;
                         continue;
                     }
-                    b.push(m.buf, m.len, stats, &mut self.cache);
+                    b.push(m.buf, u32::from(m.off), m.len, stats, &mut self.cache);
                 }
                 Target::Stage(s) => {
                     let st = &mut self.stages[s as usize];
