@@ -214,7 +214,7 @@ impl View<'_> {
         let _ = writeln!(
             o,
             "{:<12} {:<12} {:<10} {:>12} {:>10} {:>12} {:>10}  latency ns p50 / p99 / p99.9 / max",
-            "stage", "worker", "kind", "msgs in", "in/s", "msgs out", "dropped"
+            "stage", "worker", "kind", "msgs in", "in/s", "msgs out", "consumed"
         );
         for (wi, w) in self.now.workers.iter().enumerate() {
             for (si, s) in w.stages.iter().enumerate() {
