@@ -111,6 +111,7 @@ fn resolve_dest(f: &Fabric, qpn: u32) -> Option<DestView> {
 
 /// The cached view of `qpn`, re-resolved when the cache is for another QP or the slot was
 /// reused.
+///
 /// Returns a reference into the cache: the view is a few hundred bytes, and copying it out
 /// for every message showed up in instruction profiles.
 #[inline]
