@@ -173,8 +173,10 @@ fn copy_sg(src: &[Seg], dst: &[Seg], skip: usize) {
 }
 
 /// Resolves the receive request's SGEs in the receiver's PD; `None` on a protection error.
+/// `out` must hold `rx.n` segments (`N >= rx.n`).
 #[inline]
-fn resolve_recv(f: &Fabric, pd: u32, rx: &RecvEntry, out: &mut [Seg; MAX_SGE]) -> Option<(usize, u64)> {
+fn resolve_recv<const N: usize>(f: &Fabric, pd: u32, rx: &RecvEntry, out: &mut [Seg; N]) -> Option<(usize, u64)> {
+    debug_assert!(rx.n <= N);
     let mut cap = 0u64;
     for (s, o) in rx.sges[..rx.n].iter().zip(out.iter_mut()) {
         let mr = mr_lookup(f, s.lkey).filter(|m| !m.window)?;
@@ -262,27 +264,14 @@ fn deliver(
         tm.count_unexpected(f);
     }
     wc.wc_flags |= tm_flags;
-    let hdr = if grh.is_some() { GRH_LEN } else { 0 };
-    let need = hdr as u64 + if place_data { total } else { 0 };
-    let mut dst = [Seg::default(); MAX_SGE];
     // Requests from an SRQ are checked against the SRQ's PD, which may differ from the QP's.
     let pd = d.srq.map_or(d.pd, |s| s.pd);
-    let status = match resolve_recv(f, pd, rx, &mut dst) {
-        None => Err((WcStatus::LocProtErr, WcStatus::RemOpErr)),
-        Some((_, cap)) if cap < need => Err((WcStatus::LocLenErr, WcStatus::RemInvReqErr)),
-        Some((n, _)) => {
-            if let Some(Some(g)) = grh {
-                copy_sg(&[Seg { ptr: g.as_ptr() as *mut u8, len: GRH_LEN }], &dst[..n], 0);
-                wc.wc_flags |= WcFlags::GRH;
-            }
-            if place_data {
-                copy_sg(src, &dst[..n], hdr);
-                wc.byte_len = need as u32;
-            } else {
-                wc.byte_len = total as u32;
-            }
-            Ok(())
-        }
+    // Nearly every receive request has one SGE: resolve it into a one-segment array rather
+    // than zeroing room for MAX_SGE on every message.
+    let status = if rx.n <= 1 {
+        place::<1>(f, pd, rx, src, total, &grh, place_data, &mut wc)
+    } else {
+        place::<MAX_SGE>(f, pd, rx, src, total, &grh, place_data, &mut wc)
     };
     match status {
         Ok(()) => {
@@ -297,6 +286,43 @@ fn deliver(
                 to_error(f, d.idx, d.qpn);
             }
             Outcome::Done(if reliable { remote } else { WcStatus::Success }, 0)
+        }
+    }
+}
+
+/// Checks the receive request's buffers and copies the message into them (UD: after the GRH
+/// area), setting `wc`'s byte count and GRH flag. On failure, the receiver's and the sender's
+/// status. `N` must be at least `rx.n`.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn place<const N: usize>(
+    f: &Fabric,
+    pd: u32,
+    rx: &RecvEntry,
+    src: &[Seg],
+    total: u64,
+    grh: &Option<Option<[u8; GRH_LEN]>>,
+    place_data: bool,
+    wc: &mut WorkCompletion,
+) -> std::result::Result<(), (WcStatus, WcStatus)> {
+    let hdr = if grh.is_some() { GRH_LEN } else { 0 };
+    let need = hdr as u64 + if place_data { total } else { 0 };
+    let mut dst = [Seg::default(); N];
+    match resolve_recv(f, pd, rx, &mut dst) {
+        None => Err((WcStatus::LocProtErr, WcStatus::RemOpErr)),
+        Some((_, cap)) if cap < need => Err((WcStatus::LocLenErr, WcStatus::RemInvReqErr)),
+        Some((n, _)) => {
+            if let Some(Some(g)) = grh {
+                copy_sg(&[Seg { ptr: g.as_ptr() as *mut u8, len: GRH_LEN }], &dst[..n], 0);
+                wc.wc_flags |= WcFlags::GRH;
+            }
+            if place_data {
+                copy_sg(src, &dst[..n], hdr);
+                wc.byte_len = need as u32;
+            } else {
+                wc.byte_len = total as u32;
+            }
+            Ok(())
         }
     }
 }
@@ -340,8 +366,10 @@ fn skip_prefix(src: &[Seg], mut skip: usize, out: &mut [Seg; MAX_SGE]) -> usize 
     n
 }
 
-/// Matches a SEND against a tag-matching SRQ's list.
+/// Matches a SEND against a tag-matching SRQ's list. Kept out of line: inlined, its buffers
+/// and header parsing made `deliver`'s frame several times larger for every plain message.
 #[allow(clippy::too_many_arguments)]
+#[inline(never)]
 fn tm_match(
     f: &Fabric,
     st: Sender,
