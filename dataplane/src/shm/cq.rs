@@ -23,6 +23,7 @@ pub(crate) struct Cqe {
 const _: () = assert!(CQE_STRIDE - 8 >= 48);
 
 impl Cqe {
+    #[inline]
     fn write(&self, p: *mut u8) {
         let w = &self.wc;
         // SAFETY: `p` is a CQ cell payload of 56 bytes (CQE_STRIDE - 8); all writes are inside.
@@ -105,28 +106,45 @@ impl Drop for CqShared {
 
 /// Pushes a CQE into the CQ `cqn` of the fabric (any process). A full CQ is an overrun: the CQ
 /// enters error and its owner gets `IBV_EVENT_CQ_ERR`.
+///
+/// Inlined so that callers building the CQE write its fields straight into the ring cell;
+/// notification and overrun are out of line.
+#[inline]
 pub(crate) fn push_cqe(f: &Fabric, ring: &Ring, cqn: u32, cqe: &Cqe) {
     if ring.push(|p| cqe.write(p)) {
         let idx = key_index(cqn, CQ_IDX_BITS);
         // Only a CQ with a completion channel can signal: busy-polled CQs (no channel) skip
         // the fence below.
         if idx < MAX_CQ && f.cq_slot(idx).chan_off.load(Ordering::Relaxed) != 0 {
-            // Pairs with the fence in `req_notify`: either the poller's re-poll sees this CQE
-            // or we see its arming.
-            std::sync::atomic::fence(Ordering::SeqCst);
-            let s = f.cq_slot(idx);
-            let armed = s.armed.load(Ordering::Relaxed);
-            if armed != 0 && (armed == ARM_NEXT || cqe.solicited || cqe.wc.status != WcStatus::Success) {
-                notify(f, s, cqn);
-            }
+            signal_if_armed(f, idx, cqn, cqe.solicited || cqe.wc.status != WcStatus::Success);
         }
     } else {
-        let idx = key_index(cqn, CQ_IDX_BITS);
-        if idx < MAX_CQ {
-            let s = f.cq_slot(idx);
-            if s.cqn.load(Ordering::Acquire) == cqn && s.overrun.swap(1, Ordering::AcqRel) == 0 {
-                f.post_event(s.ctx.load(Ordering::Relaxed) as usize, super::EVENT_CQ_ERR, cqn);
-            }
+        overrun(f, cqn);
+    }
+}
+
+/// After a push into a CQ with a channel: notifies it if armed for this CQE (`urgent`: the
+/// CQE is solicited or an error, which also wakes a solicited-only arming).
+#[inline(never)]
+fn signal_if_armed(f: &Fabric, idx: usize, cqn: u32, urgent: bool) {
+    // Pairs with the fence in `req_notify`: either the poller's re-poll sees this CQE or we
+    // see its arming.
+    std::sync::atomic::fence(Ordering::SeqCst);
+    let s = f.cq_slot(idx);
+    let armed = s.armed.load(Ordering::Relaxed);
+    if armed != 0 && (armed == ARM_NEXT || urgent) {
+        notify(f, s, cqn);
+    }
+}
+
+/// A push found CQ `cqn` full: it enters error, and its owner gets the event once.
+#[cold]
+fn overrun(f: &Fabric, cqn: u32) {
+    let idx = key_index(cqn, CQ_IDX_BITS);
+    if idx < MAX_CQ {
+        let s = f.cq_slot(idx);
+        if s.cqn.load(Ordering::Acquire) == cqn && s.overrun.swap(1, Ordering::AcqRel) == 0 {
+            f.post_event(s.ctx.load(Ordering::Relaxed) as usize, super::EVENT_CQ_ERR, cqn);
         }
     }
 }

@@ -198,8 +198,9 @@ fn take_recv(f: &Fabric, d: &DestView, rx: &mut RecvEntry) -> bool {
     }
 }
 
-fn push_recv_wc(f: &Fabric, d: &DestView, wc: WorkCompletion, solicited: bool) {
-    push_cqe(f, &d.cq, d.cqn, &Cqe { wc, retire: None, solicited });
+#[inline]
+fn push_recv_wc(f: &Fabric, d: &DestView, wc: &WorkCompletion, solicited: bool) {
+    push_cqe(f, &d.cq, d.cqn, &Cqe { wc: *wc, retire: None, solicited });
 }
 
 /// The global identifier of `lid` on fabric `fabric_id` (fe80::/64, fabric id, lid).
@@ -273,15 +274,16 @@ fn deliver(
     } else {
         place::<MAX_SGE>(f, pd, rx, src, total, &grh, place_data, &mut wc)
     };
+    // One push for both outcomes: a single call site lets it inline, and the completion's
+    // fields go straight into the CQ cell.
+    if let Err((local, _)) = status {
+        wc.status = local;
+        wc.byte_len = 0;
+    }
+    push_recv_wc(f, d, &wc, wr.flags.contains(SendFlags::SOLICITED));
     match status {
-        Ok(()) => {
-            push_recv_wc(f, d, wc, wr.flags.contains(SendFlags::SOLICITED));
-            Outcome::Done(WcStatus::Success, 0)
-        }
-        Err((local, remote)) => {
-            wc.status = local;
-            wc.byte_len = 0;
-            push_recv_wc(f, d, wc, wr.flags.contains(SendFlags::SOLICITED));
+        Ok(()) => Outcome::Done(WcStatus::Success, 0),
+        Err((_, remote)) => {
             if d.qp_type != QpType::Ud {
                 to_error(f, d.idx, d.qpn);
             }
@@ -417,7 +419,7 @@ fn tm_match(
             wc.wc_flags |= WcFlags::TM_DATA_VALID;
         }
     }
-    push_recv_wc(f, d, wc, solicited);
+    push_recv_wc(f, d, &wc, solicited);
     TmOutcome::Matched
 }
 
