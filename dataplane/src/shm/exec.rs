@@ -68,6 +68,10 @@ pub(crate) struct DestView {
     cqn: u32,
 }
 
+/// Kept out of line: it runs once per connection, and inlined it made the per-message
+/// `dest` a full call with a large frame.
+#[cold]
+#[inline(never)]
 fn resolve_dest(f: &Fabric, qpn: u32) -> Option<DestView> {
     let idx = key_index(qpn, QP_IDX_BITS);
     if idx >= MAX_QP {
@@ -690,15 +694,23 @@ pub(crate) fn post_send(f: &Fabric, st: &mut SqState, chain: &SendChain) -> std:
     Ok(())
 }
 
+/// Completes an executed WQE: its CQE if signaled; on failure an error CQE and ERROR.
+#[inline]
 fn finish(f: &Fabric, st: &mut SqState, wr: &SendWr, wqe: u32, status: WcStatus, len: u32) {
     if status == WcStatus::Success {
         if st.sig_all || wr.flags.contains(SendFlags::SIGNALED) {
             st.complete(wr, wqe, status, len);
         }
     } else {
-        st.complete(wr, wqe, status, 0);
-        st.enter_error(f);
+        fail(f, st, wr, wqe, status);
     }
+}
+
+/// The failure half of `finish`, out of line (rare, and it drags in the flush path).
+#[inline(never)]
+fn fail(f: &Fabric, st: &mut SqState, wr: &SendWr, wqe: u32, status: WcStatus) {
+    st.complete(wr, wqe, status, 0);
+    st.enter_error(f);
 }
 
 fn block_delay(f: &Fabric, st: &SqState, kind: BlockKind) -> Duration {
