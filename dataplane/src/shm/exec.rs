@@ -555,9 +555,9 @@ pub(crate) const AH_VALID: u64 = 1 << 48;
 /// Marks an AH whose attributes ask for a GRH.
 pub(crate) const AH_GLOBAL: u64 = 1 << 32;
 
-/// Checks one send WR at post time and resolves its local memory. Returns the number of
-/// segments and the total length.
-#[inline]
+/// Checks one send WR at post time and resolves its local memory into `segs` (room for
+/// `max(1, sges.len())`). Returns the number of segments and the total length.
+#[inline(always)]
 fn prepare(
     f: &Fabric,
     st: &SqState,
@@ -565,7 +565,7 @@ fn prepare(
     sges: &[Sge],
     inline: Option<&[u8]>,
     i: usize,
-    segs: &mut [Seg; MAX_SGE],
+    segs: &mut [Seg],
 ) -> std::result::Result<(usize, u64, bool), PostError> {
     let op = wr.opcode;
     if !op.allowed_on(st.qp_type) {
@@ -654,40 +654,80 @@ pub(crate) fn post_send(f: &Fabric, st: &mut SqState, chain: &SendChain) -> std:
         }
     }
     let mut retired = st.slot().sq_retired.load(Ordering::Acquire);
-    let mut segs = [Seg::default(); MAX_SGE];
     for (i, wr) in chain.wrs().iter().enumerate() {
         let sges = chain.sges_of(wr);
         let inline = chain.inline_of(wr);
-        let (n, total, is_inline) = prepare(f, st, wr, sges, inline, i, &mut segs)?;
-        if st.posted.wrapping_sub(retired) >= st.depth {
-            retired = st.slot().sq_retired.load(Ordering::Acquire);
-            if st.posted.wrapping_sub(retired) >= st.depth {
-                return Err(PostError::new(Errno::ENOMEM, i, "send queue full (poll completions to free slots)"));
+        // Most WRs have one SGE (or inline bytes, one segment): their segments fit an array
+        // of one, which costs nothing to initialise, unlike room for MAX_SGE.
+        if sges.len() <= 1 {
+            post_one::<1>(f, st, wr, sges, inline, i, &mut state, &mut retired)?;
+        } else {
+            post_many(f, st, wr, sges, inline, i, &mut state, &mut retired)?;
+        }
+    }
+    Ok(())
+}
+
+/// `post_one` for a WR with several SGEs, out of line to keep the common loop small.
+#[allow(clippy::too_many_arguments)]
+#[inline(never)]
+fn post_many(
+    f: &Fabric,
+    st: &mut SqState,
+    wr: &SendWr,
+    sges: &[Sge],
+    inline: Option<&[u8]>,
+    i: usize,
+    state: &mut QpState,
+    retired: &mut u32,
+) -> std::result::Result<(), PostError> {
+    post_one::<MAX_SGE>(f, st, wr, sges, inline, i, state, retired)
+}
+
+/// Checks, accounts and runs WR `i` of a chain (the body of `post_send`'s loop). `N` is the
+/// room for its local segments: at least 1 and `sges.len()`.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn post_one<const N: usize>(
+    f: &Fabric,
+    st: &mut SqState,
+    wr: &SendWr,
+    sges: &[Sge],
+    inline: Option<&[u8]>,
+    i: usize,
+    state: &mut QpState,
+    retired: &mut u32,
+) -> std::result::Result<(), PostError> {
+    let mut segs = [Seg::default(); N];
+    let (n, total, is_inline) = prepare(f, st, wr, sges, inline, i, &mut segs)?;
+    if st.posted.wrapping_sub(*retired) >= st.depth {
+        *retired = st.slot().sq_retired.load(Ordering::Acquire);
+        if st.posted.wrapping_sub(*retired) >= st.depth {
+            return Err(PostError::new(Errno::ENOMEM, i, "send queue full (poll completions to free slots)"));
+        }
+    }
+    let wqe = st.posted;
+    st.posted = st.posted.wrapping_add(1);
+    if *state == QpState::Error {
+        st.complete(wr, wqe, WcStatus::WrFlushErr, 0);
+        return Ok(());
+    }
+    if !st.pending.is_empty() {
+        st.enqueue(wr, wqe, sges, is_inline.then_some(&segs[..n]));
+        return Ok(());
+    }
+    match exec_wr(f, st, wr, &segs[..n], total) {
+        Outcome::Done(status, len) => {
+            finish(f, st, wr, wqe, status, len);
+            if status != WcStatus::Success {
+                *state = QpState::Error;
             }
         }
-        let wqe = st.posted;
-        st.posted = st.posted.wrapping_add(1);
-        if state == QpState::Error {
-            st.complete(wr, wqe, WcStatus::WrFlushErr, 0);
-            continue;
-        }
-        if !st.pending.is_empty() {
+        Outcome::Block(kind) => {
             st.enqueue(wr, wqe, sges, is_inline.then_some(&segs[..n]));
-            continue;
-        }
-        match exec_wr(f, st, wr, &segs[..n], total) {
-            Outcome::Done(status, len) => {
-                finish(f, st, wr, wqe, status, len);
-                if status != WcStatus::Success {
-                    state = QpState::Error;
-                }
-            }
-            Outcome::Block(kind) => {
-                st.enqueue(wr, wqe, sges, is_inline.then_some(&segs[..n]));
-                st.blocked = None;
-                if !handle_block(f, st, kind) {
-                    state = QpState::Error;
-                }
+            st.blocked = None;
+            if !handle_block(f, st, kind) {
+                *state = QpState::Error;
             }
         }
     }

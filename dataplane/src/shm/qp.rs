@@ -699,15 +699,15 @@ impl ShmQp {
     }
 }
 
-/// Resolves local SGEs for a send into segments of this process; used at post time and again
-/// when a pending WQE runs.
+/// Resolves local SGEs for a send into segments of this process (`out` holds at least
+/// `sges.len()`); used at post time and again when a pending WQE runs.
 #[inline]
 pub(crate) fn resolve_local(
     f: &Fabric,
     pd: u32,
     sges: &[Sge],
     need_write: bool,
-    out: &mut [Seg; MAX_SGE],
+    out: &mut [Seg],
 ) -> std::result::Result<(usize, u64), &'static str> {
     let mut total = 0u64;
     for (k, s) in sges.iter().enumerate() {
