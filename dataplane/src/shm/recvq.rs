@@ -2,7 +2,7 @@
 
 use super::fabric::Fabric;
 use super::layout::{RECV_HDR_LEN, RECV_SGE_LEN};
-use super::mr::mr_lookup;
+use super::mr::{mr_lookup, MrView};
 use super::ring::{Pop, Ring};
 use crate::verbs::{AccessFlags, Errno, PostError, RecvChain, Sge};
 
@@ -36,19 +36,44 @@ impl Default for RecvEntry {
 /// Checks one receive request: SGE count, and each SGE's lkey, PD, LOCAL_WRITE right and
 /// bounds.
 pub(crate) fn validate(f: &Fabric, pd: u32, max_sge: u32, sges: &[Sge], i: usize) -> Result<(), PostError> {
+    validate_with(f, pd, max_sge, sges, i, &mut None)
+}
+
+/// [`validate`], reusing the MR of the last lkey that passed the key, PD and LOCAL_WRITE
+/// checks in the same post call (`last`): a chain's SGEs usually share one MR, and the
+/// lookup is most of the cost. Only the per-SGE bounds check runs again. This changes no
+/// outcome: a post call is not atomic against a concurrent deregistration anyway (it is as if
+/// the deregistration came after the call), and the sender re-checks every receive SGE
+/// against the MR table before placing a byte.
+#[inline]
+fn validate_with(
+    f: &Fabric,
+    pd: u32,
+    max_sge: u32,
+    sges: &[Sge],
+    i: usize,
+    last: &mut Option<(u32, MrView)>,
+) -> Result<(), PostError> {
     if sges.len() > max_sge as usize {
         return Err(PostError::new(Errno::EINVAL, i, "more SGEs than the queue's max_sge"));
     }
     for s in sges {
-        let Some(mr) = mr_lookup(f, s.lkey).filter(|m| !m.window) else {
-            return Err(PostError::new(Errno::EINVAL, i, "unknown lkey"));
+        let mr = match *last {
+            Some((key, mr)) if key == s.lkey => mr,
+            _ => {
+                let Some(mr) = mr_lookup(f, s.lkey).filter(|m| !m.window) else {
+                    return Err(PostError::new(Errno::EINVAL, i, "unknown lkey"));
+                };
+                if mr.pd != pd {
+                    return Err(PostError::new(Errno::EINVAL, i, "lkey belongs to another protection domain"));
+                }
+                if !mr.access.contains(AccessFlags::LOCAL_WRITE) {
+                    return Err(PostError::new(Errno::EINVAL, i, "receive buffer MR lacks LOCAL_WRITE"));
+                }
+                *last = Some((s.lkey, mr));
+                mr
+            }
         };
-        if mr.pd != pd {
-            return Err(PostError::new(Errno::EINVAL, i, "lkey belongs to another protection domain"));
-        }
-        if !mr.access.contains(AccessFlags::LOCAL_WRITE) {
-            return Err(PostError::new(Errno::EINVAL, i, "receive buffer MR lacks LOCAL_WRITE"));
-        }
         if mr.translate(f, s.addr, recv_sge_len(s)).is_none() {
             return Err(PostError::new(Errno::EINVAL, i, "SGE outside its memory region"));
         }
@@ -58,8 +83,9 @@ pub(crate) fn validate(f: &Fabric, pd: u32, max_sge: u32, sges: &[Sge], i: usize
 
 /// Validates and pushes every request of `chain`; stops at the first failure.
 pub(crate) fn post(f: &Fabric, ring: &Ring, pd: u32, max_sge: u32, chain: &RecvChain) -> Result<(), PostError> {
+    let mut last = None;
     for (i, (wr, sges)) in chain.iter().enumerate() {
-        validate(f, pd, max_sge, sges, i)?;
+        validate_with(f, pd, max_sge, sges, i, &mut last)?;
         if !push(ring, wr.wr_id, sges) {
             return Err(PostError::new(Errno::ENOMEM, i, "receive queue full"));
         }
