@@ -81,7 +81,8 @@ fn validate_with(
     Ok(())
 }
 
-/// Validates and pushes every request of `chain`; stops at the first failure.
+/// Validates and pushes every request of `chain`; stops at the first failure. The caller is
+/// the ring's only producer (the owning QP's or SRQ's `post_recv`, which takes `&mut self`).
 pub(crate) fn post(f: &Fabric, ring: &Ring, pd: u32, max_sge: u32, chain: &RecvChain) -> Result<(), PostError> {
     let mut last = None;
     for (i, (wr, sges)) in chain.iter().enumerate() {
@@ -94,10 +95,14 @@ pub(crate) fn post(f: &Fabric, ring: &Ring, pd: u32, max_sge: u32, chain: &RecvC
 }
 
 /// Pushes one request (already validated). False if the ring is full.
+///
+/// An RQ or SRQ ring has exactly one producer: the process-local handle that owns it, whose
+/// `post_recv` takes `&mut self`. Senders, flushes and drains in any process only consume.
+/// So the push claims its position with a plain store ([`Ring::push_single`]), not a CAS.
 #[inline]
 pub(crate) fn push(ring: &Ring, wr_id: u64, sges: &[Sge]) -> bool {
     debug_assert!(RECV_HDR_LEN + sges.len() * RECV_SGE_LEN <= ring.payload_len());
-    ring.push(|p| {
+    ring.push_single(|p| {
         // SAFETY: the cell payload holds the header and max_sge SGEs; `sges.len()` was checked
         // against max_sge by `validate`.
         unsafe {

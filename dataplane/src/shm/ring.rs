@@ -153,6 +153,29 @@ impl Ring {
         }
     }
 
+    /// Appends an entry when this caller is the only producer (no CAS on `tail`). Returns
+    /// false (and changes nothing) when the ring is full.
+    ///
+    /// Callers must guarantee no concurrent `push`/`push_single` on this ring (receive
+    /// queues: only their owner's `&mut` post pushes). Consumers are unaffected: they
+    /// synchronise on the cell sequence, which is published with Release as in `push`; `tail`
+    /// is advanced before the payload is written, as `push`'s CAS does, so `len()` reads the
+    /// same as with `push`. A cell whose sequence is not `pos` (full, or scribbled by a
+    /// hostile peer) reads as full.
+    #[inline]
+    pub(crate) fn push_single(&self, fill: impl FnOnce(*mut u8)) -> bool {
+        let hdr = self.hdr();
+        let pos = hdr.tail.load(Ordering::Relaxed);
+        let (payload, seq) = self.cell(pos);
+        if seq.load(Ordering::Acquire) != pos {
+            return false;
+        }
+        hdr.tail.store(pos.wrapping_add(1), Ordering::Relaxed);
+        fill(payload);
+        seq.store(pos.wrapping_add(1), Ordering::Release);
+        true
+    }
+
     /// Takes the oldest entry, letting `read` copy its payload out. Safe for many consumers.
     #[inline]
     pub(crate) fn pop(&self, read: impl FnOnce(*const u8)) -> Pop {
@@ -246,6 +269,68 @@ mod tests {
             }
             assert!(matches!(r.pop_single(|_| unreachable!()), Pop::Empty));
         }
+    }
+
+    #[test]
+    fn single_producer_push_fills_wraps_and_reports_full() {
+        let mut b = Box::new(Buf([0; 4096]));
+        // SAFETY: the buffer is big enough for 4 cells of 16 bytes and private to the test.
+        let r = unsafe { Ring::init(b.0.as_mut_ptr(), 4, 16) };
+        for round in 0..3u64 {
+            for i in 0..4u64 {
+                // SAFETY: the payload has 8 bytes.
+                assert!(r.push_single(|p| unsafe { (p as *mut u64).write_unaligned(round * 10 + i) }));
+            }
+            assert!(!r.push_single(|_| unreachable!()), "a full ring must refuse without writing");
+            assert_eq!(r.len(), 4);
+            for i in 0..4u64 {
+                let mut v = 0;
+                // SAFETY: the payload has 8 bytes.
+                assert!(matches!(r.pop(|p| v = unsafe { (p as *const u64).read_unaligned() }), Pop::Item));
+                assert_eq!(v, round * 10 + i);
+            }
+            assert_eq!(r.len(), 0);
+        }
+    }
+
+    #[test]
+    fn single_producer_many_consumers_lose_nothing() {
+        let mut b = Box::new(Buf([0; 4096]));
+        // SAFETY: 64 cells × 16 bytes + header fit in 4096 bytes.
+        let r = unsafe { Ring::init(b.0.as_mut_ptr(), 64, 16) };
+        const N: u64 = 40_000;
+        let taken: Vec<Vec<u64>> = std::thread::scope(|s| {
+            let consumers: Vec<_> = (0..3)
+                .map(|_| {
+                    s.spawn(move || {
+                        let mut got = Vec::new();
+                        // Stop after the sentinel (one per consumer) arrives.
+                        loop {
+                            let mut v = 0u64;
+                            // SAFETY: 8-byte payload.
+                            match r.pop(|p| v = unsafe { (p as *const u64).read_unaligned() }) {
+                                Pop::Item if v == u64::MAX => break got,
+                                Pop::Item => got.push(v),
+                                Pop::Empty => std::hint::spin_loop(),
+                            }
+                        }
+                    })
+                })
+                .collect();
+            for i in (0..N).chain([u64::MAX; 3]) {
+                // SAFETY: 8-byte payload.
+                while !r.push_single(|p| unsafe { (p as *mut u64).write_unaligned(i) }) {
+                    std::hint::spin_loop();
+                }
+            }
+            consumers.into_iter().map(|c| c.join().unwrap()).collect()
+        });
+        let mut all: Vec<u64> = taken.iter().flatten().copied().collect();
+        for t in &taken {
+            assert!(t.windows(2).all(|w| w[0] < w[1]), "each consumer sees entries in order");
+        }
+        all.sort_unstable();
+        assert_eq!(all, (0..N).collect::<Vec<_>>(), "every entry taken exactly once");
     }
 
     #[test]
