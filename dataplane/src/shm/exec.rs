@@ -152,6 +152,14 @@ enum Outcome {
 /// The caller has checked that `dst` holds `skip + total(src)` bytes.
 #[inline]
 fn copy_sg(src: &[Seg], dst: &[Seg], skip: usize) {
+    // The common case, one segment into one buffer, without the walk below.
+    if let ([s], [d]) = (src, dst) {
+        debug_assert!(skip + s.len <= d.len);
+        // SAFETY: as below: both ranges were bounds-checked, and the caller checked that `d`
+        // holds `skip + s.len` bytes; `copy` tolerates overlap.
+        unsafe { std::ptr::copy(s.ptr, d.ptr.add(skip), s.len) };
+        return;
+    }
     let (mut di, mut doff) = (0usize, skip);
     while di < dst.len() && doff >= dst[di].len {
         doff -= dst[di].len;
