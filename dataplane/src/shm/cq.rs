@@ -109,9 +109,13 @@ impl Drop for CqShared {
 ///
 /// Inlined so that callers building the CQE write its fields straight into the ring cell;
 /// notification and overrun are out of line.
+///
+/// `head_seen` is the producer's cached view of the CQ's consumer position
+/// ([`Ring::push_tracked`]): a QP keeps one per CQ it completes into; a one-off producer
+/// (flush, tag-matching ops) passes a fresh 0, which costs one read of the head.
 #[inline]
-pub(crate) fn push_cqe(f: &Fabric, ring: &Ring, cqn: u32, cqe: &Cqe) {
-    if ring.push(|p| cqe.write(p)) {
+pub(crate) fn push_cqe(f: &Fabric, ring: &Ring, head_seen: &mut u64, cqn: u32, cqe: &Cqe) {
+    if ring.push_tracked(head_seen, |p| cqe.write(p)) {
         let idx = key_index(cqn, CQ_IDX_BITS);
         // Only a CQ with a completion channel can signal: busy-polled CQs (no channel) skip
         // the fence below.
@@ -274,7 +278,7 @@ impl crate::provider::Cq for ShmCq {
         let mut n = 0;
         while n < wc.len() {
             let mut cqe = Cqe::default();
-            match sh.ring.pop_single(|p| cqe = Cqe::read(p)) {
+            match sh.ring.pop_single_tracked(|p| cqe = Cqe::read(p)) {
                 Pop::Empty => break,
                 Pop::Item => {
                     if let Some(i) = cqe.retire {

@@ -54,7 +54,7 @@ pub(crate) struct Blocked {
 }
 
 /// The target of a send, resolved from the fabric and cached by the sender.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub(crate) struct DestView {
     qpn: u32,
     idx: usize,
@@ -66,6 +66,8 @@ pub(crate) struct DestView {
     srq: Option<SrqView>,
     cq: Ring,
     cqn: u32,
+    /// Our cached view of the receive CQ's consumer position (`cq::push_cqe`).
+    cq_head: std::cell::Cell<u64>,
 }
 
 /// Kept out of line: it runs once per connection, and inlined it made the per-message
@@ -109,6 +111,7 @@ fn resolve_dest(f: &Fabric, qpn: u32) -> Option<DestView> {
         srq,
         cq,
         cqn,
+        cq_head: std::cell::Cell::new(0),
     };
     (s.qpn.load(Ordering::Acquire) == qpn).then_some(v)
 }
@@ -212,7 +215,9 @@ fn take_recv(f: &Fabric, d: &DestView, rx: &mut RecvEntry) -> bool {
 
 #[inline]
 fn push_recv_wc(f: &Fabric, d: &DestView, wc: &WorkCompletion, solicited: bool) {
-    push_cqe(f, &d.cq, d.cqn, &Cqe { wc: *wc, retire: None, solicited });
+    let mut seen = d.cq_head.get();
+    push_cqe(f, &d.cq, &mut seen, d.cqn, &Cqe { wc: *wc, retire: None, solicited });
+    d.cq_head.set(seen);
 }
 
 /// The global identifier of `lid` on fabric `fabric_id` (fe80::/64, fabric id, lid).
@@ -764,7 +769,7 @@ fn fail(f: &Fabric, st: &mut SqState, wr: &SendWr, wqe: u32, status: WcStatus) {
 fn block_delay(f: &Fabric, st: &SqState, kind: BlockKind) -> Duration {
     match kind {
         BlockKind::Rnr => {
-            let code = st.dest.map_or(0, |d| f.qp_slot(d.idx).min_rnr_timer.load(Ordering::Relaxed) as u8);
+            let code = st.dest.as_ref().map_or(0, |d| f.qp_slot(d.idx).min_rnr_timer.load(Ordering::Relaxed) as u8);
             Duration::from_nanos(rnr_timer_ns(code))
         }
         // An infinite ACK timeout would hang forever on hardware; here the WQE is retried
@@ -795,7 +800,7 @@ fn handle_block(f: &Fabric, st: &mut SqState, kind: BlockKind) -> bool {
             BlockKind::Unreachable => st.retry_cnt,
         },
     };
-    let peer_dead = st.dest.is_some_and(|d| !pid_alive(d.pid));
+    let peer_dead = st.dest.as_ref().is_some_and(|d| !pid_alive(d.pid));
     if peer_dead || (!forever && left == 0) {
         st.blocked = None;
         if let Some(p) = st.pending.pop_front() {
@@ -809,14 +814,33 @@ fn handle_block(f: &Fabric, st: &mut SqState, kind: BlockKind) -> bool {
     true
 }
 
+/// Whether the target of this send queue has a receive request posted right now.
+fn responder_has_recv(st: &SqState) -> bool {
+    st.dest.as_ref().is_some_and(|d| match (&d.srq, &d.rq) {
+        (Some(s), _) => s.ring.len() > 0,
+        (None, Some(r)) => r.len() > 0,
+        (None, None) => false,
+    })
+}
+
 /// Runs pending WQEs in order while the head can make progress.
+///
+/// An RNR wait ends early when the responder has posted a receive since: a NIC cannot see
+/// the responder's queue and must sleep the whole RNR timer, but this one can, and sleeping
+/// on with a buffer ready only turns a short burst into a 10 µs+ stall (it made `send_bw`
+/// on shm bimodal). The early attempt is not a retry: if it finds the queue empty again
+/// (another sender of an SRQ won the request), the wait, its deadline and the retry count
+/// stay as they were. So `rnr_retry` still counts timer expiries exactly.
 pub(crate) fn run_pending(f: &Fabric, st: &mut SqState) {
     let mut segs = [Seg::default(); MAX_SGE];
     while let Some(p) = st.pending.front().copied() {
-        let now = st.blocked.map(|b| (b, Instant::now()));
-        if let Some((b, now)) = now {
-            if now < b.next_at {
-                return;
+        let mut early = false;
+        if let Some(b) = st.blocked {
+            if Instant::now() < b.next_at {
+                if b.kind != BlockKind::Rnr || !responder_has_recv(st) {
+                    return;
+                }
+                early = true;
             }
         }
         let (n, total) = {
@@ -853,7 +877,9 @@ pub(crate) fn run_pending(f: &Fabric, st: &mut SqState) {
                 }
             }
             Outcome::Block(kind) => {
-                handle_block(f, st, kind);
+                if !(early && kind == BlockKind::Rnr) {
+                    handle_block(f, st, kind);
+                }
                 return;
             }
         }

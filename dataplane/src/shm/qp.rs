@@ -116,6 +116,8 @@ pub(crate) struct Pending {
 pub(crate) struct SqState {
     pub(crate) ctx: Arc<CtxInner>,
     pub(crate) send_cq: Arc<CqShared>,
+    /// Our cached view of the send CQ's consumer position (`cq::push_cqe`).
+    pub(crate) send_cq_head: std::cell::Cell<u64>,
     pub(crate) qpn: u32,
     pub(crate) idx: usize,
     pub(crate) qp_type: QpType,
@@ -173,7 +175,9 @@ impl SqState {
             retire: Some(wqe),
             solicited: false,
         };
-        push_cqe(self.fabric(), &self.send_cq.ring, self.send_cq.cqn, &cqe);
+        let mut seen = self.send_cq_head.get();
+        push_cqe(self.fabric(), &self.send_cq.ring, &mut seen, self.send_cq.cqn, &cqe);
+        self.send_cq_head.set(seen);
     }
 
     fn set_pending_registered(&mut self, on: bool) {
@@ -319,6 +323,7 @@ fn flush_rq(f: &Fabric, s: &QpSlot, qpn: u32) {
     let Some(cq) = cq_ring(f, s.recv_cqn.load(Ordering::Relaxed)) else { return };
     let cqn = s.recv_cqn.load(Ordering::Relaxed);
     let mut e = RecvEntry::default();
+    let mut cq_head = 0;
     while recvq::pop(&rq, &mut e) {
         let wc = WorkCompletion {
             wr_id: e.wr_id,
@@ -327,7 +332,7 @@ fn flush_rq(f: &Fabric, s: &QpSlot, qpn: u32) {
             qp_num: qpn,
             ..Default::default()
         };
-        push_cqe(f, &cq, cqn, &Cqe { wc, retire: None, solicited: false });
+        push_cqe(f, &cq, &mut cq_head, cqn, &Cqe { wc, retire: None, solicited: false });
     }
 }
 
@@ -451,6 +456,7 @@ impl ShmQp {
         let max_sge = c.max_send_sge.max(1);
         let max_inline = c.max_inline_data;
         let st = SqState {
+            send_cq_head: std::cell::Cell::new(0),
             ctx: ctx.clone(),
             send_cq: send_cq.clone(),
             qpn,

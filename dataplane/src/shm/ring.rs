@@ -1,12 +1,29 @@
-//! A bounded lock-free ring in shared memory (Vyukov's MPMC queue), used for receive queues,
-//! SRQs, CQs and event queues.
+//! A bounded lock-free ring in shared memory, used for receive queues, SRQs, CQs and event
+//! queues. A ring follows one of two protocols, fixed by what it is used for:
 //!
-//! Each cell starts with a sequence number. A producer may fill cell `pos & mask` when its
-//! sequence equals `pos`; it publishes the payload by storing `pos + 1` (Release). A consumer
-//! may take it when the sequence equals `pos + 1`; it frees the cell by storing
-//! `pos + capacity` (Release). The Acquire load of the sequence on the other side orders the
-//! payload bytes after it. `head`/`tail` claims use Relaxed CAS: they only pick a position, the
-//! cell sequence carries the synchronisation.
+//! - **Freeing** (Vyukov's MPMC queue; event and channel rings, the control path): each cell
+//!   starts with a sequence number. A producer may fill cell `pos & mask` when its sequence
+//!   equals `pos`; it publishes the payload by storing `pos + 1` (Release). A consumer may take
+//!   it when the sequence equals `pos + 1`; it frees the cell by storing `pos + capacity`
+//!   (Release). `head`/`tail` claims use Relaxed CAS: they only pick a position, the cell
+//!   sequence carries the synchronisation. [`Ring::push`], [`Ring::pop`].
+//! - **Head-tracked** (CQs: many producers, one consumer): producers publish cells exactly
+//!   as above, but the consumer never writes a cell. It only advances `head` (Release), and a
+//!   producer learns that a cell is free from `head`, which it re-reads only when its cached
+//!   copy (`head_seen`, process-local, one per producer) says the ring is full. So a CQE's
+//!   cache line moves once, producer to consumer, instead of three times (the producer
+//!   reading the sequence the consumer wrote, upgrading the line to write it, the consumer
+//!   writing it back), and `head` stays in the consumer's cache. [`Ring::push_tracked`],
+//!   [`Ring::pop_single_tracked`]. Mixing the two protocols on one ring would be a bug.
+//!
+//!   Receive queues keep the freeing protocol, on purpose. Their consumers are the senders
+//!   and their producer the owner, which keeps the ring full of posted requests; tracked,
+//!   the owner would have to re-read `head` on every repost (the ring is always "full" by a
+//!   stale view), and the sender's CAS on `head` would then wait for that line to come back
+//!   on every message. Measured: 8-byte `send_lat` went from 0.2/0.6 µs (the two host
+//!   placements) to 0.3/0.9 µs, so it was reverted.
+//!
+//! The Acquire load of the sequence on the consumer side orders the payload bytes after it.
 //!
 //! Trust boundary: a peer can write anything into the shared header and cells. The local
 //! [`Ring`] view keeps its own copy of the mask and stride (never re-read from shared memory),
@@ -202,10 +219,6 @@ impl Ring {
         }
     }
 
-    /// Takes the oldest entry when this caller is the only consumer (no CAS on `head`).
-    ///
-    /// Callers must guarantee no concurrent `pop`/`pop_single` on this ring (the CQ's `&mut`
-    /// poll does).
     /// Hints the CPU to fetch the cell at position `head + ahead` into this core's cache.
     /// Receive rings use it: the sender consuming request `k` prefetches `k + 1`, which the
     /// receiver wrote long ago (a full ring of posted receives), so the next message does not
@@ -225,8 +238,47 @@ impl Ring {
         let _ = seq;
     }
 
+    /// Whether cell `pos` is free under the head-tracked protocol: `pos - head < capacity`.
+    /// `head_seen` is this producer's cached consumer position; it is re-read (Acquire, which
+    /// orders the consumer's reads of the old payload before our writes) only when the cached
+    /// value says full. A stale cache only underestimates the room: `head` never moves back.
+    /// A hostile `head` (beyond `pos`) reads as full, so it can stall the ring, never make a
+    /// producer overwrite a cell a consumer has not passed.
     #[inline]
-    pub(crate) fn pop_single(&self, read: impl FnOnce(*const u8)) -> Pop {
+    fn room_at(&self, pos: u64, head_seen: &mut u64) -> bool {
+        if pos.wrapping_sub(*head_seen) < self.capacity() {
+            return true;
+        }
+        *head_seen = self.hdr().head.load(Ordering::Acquire);
+        pos.wrapping_sub(*head_seen) < self.capacity()
+    }
+
+    /// Head-tracked push for many producers (CQs: any QP in any process completes into them).
+    /// Returns false (and changes nothing) when the ring is full. Never reads a cell.
+    #[inline]
+    pub(crate) fn push_tracked(&self, head_seen: &mut u64, fill: impl FnOnce(*mut u8)) -> bool {
+        let hdr = self.hdr();
+        let mut pos = hdr.tail.load(Ordering::Relaxed);
+        loop {
+            if !self.room_at(pos, head_seen) {
+                return false;
+            }
+            // The claim only picks a position: the cell's sequence (Release below) publishes.
+            match hdr.tail.compare_exchange_weak(pos, pos.wrapping_add(1), Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => {
+                    let (payload, seq) = self.cell(pos);
+                    fill(payload);
+                    seq.store(pos.wrapping_add(1), Ordering::Release);
+                    return true;
+                }
+                Err(cur) => pos = cur,
+            }
+        }
+    }
+
+    /// Head-tracked pop when this caller is the only consumer (the CQ's `&mut` poll).
+    #[inline]
+    pub(crate) fn pop_single_tracked(&self, read: impl FnOnce(*const u8)) -> Pop {
         let hdr = self.hdr();
         let pos = hdr.head.load(Ordering::Relaxed);
         let (payload, seq) = self.cell(pos);
@@ -234,10 +286,8 @@ impl Ring {
             return Pop::Empty;
         }
         read(payload);
-        // Release the head before the cell: a producer checks the cell, a len() reader the
-        // head; neither needs a stronger order.
-        hdr.head.store(pos.wrapping_add(1), Ordering::Relaxed);
-        seq.store(pos.wrapping_add(self.mask + 1), Ordering::Release);
+        // Release: the payload reads above come before any producer reuses the cell.
+        hdr.head.store(pos.wrapping_add(1), Ordering::Release);
         Pop::Item
     }
 }
@@ -267,7 +317,7 @@ mod tests {
                 assert!(matches!(r.pop(|p| v = unsafe { (p as *const u64).read_unaligned() }), Pop::Item));
                 assert_eq!(v, round * 10 + i);
             }
-            assert!(matches!(r.pop_single(|_| unreachable!()), Pop::Empty));
+            assert!(matches!(r.pop(|_| unreachable!()), Pop::Empty));
         }
     }
 
@@ -344,9 +394,10 @@ mod tests {
         std::thread::scope(|s| {
             for t in 0..4u64 {
                 s.spawn(move || {
+                    let mut seen = 0;
                     for i in 0..N {
                         // SAFETY: 8-byte payload.
-                        while !r.push(|p| unsafe { (p as *mut u64).write_unaligned(t << 32 | i) }) {
+                        while !r.push_tracked(&mut seen, |p| unsafe { (p as *mut u64).write_unaligned(t << 32 | i) }) {
                             std::hint::spin_loop();
                         }
                     }
@@ -357,7 +408,7 @@ mod tests {
             while got < 4 * N {
                 let mut v = 0u64;
                 // SAFETY: 8-byte payload.
-                if let Pop::Item = r.pop_single(|p| v = unsafe { (p as *const u64).read_unaligned() }) {
+                if let Pop::Item = r.pop_single_tracked(|p| v = unsafe { (p as *const u64).read_unaligned() }) {
                     let t = (v >> 32) as usize;
                     assert_eq!(v & 0xffff_ffff, next[t], "per-producer order");
                     next[t] += 1;

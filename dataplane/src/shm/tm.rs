@@ -186,7 +186,7 @@ fn complete(f: &Fabric, v: &TmView, wr: &OpsWr, status: WcStatus, sync_req: bool
     if sync_req {
         wc.wc_flags |= WcFlags::TM_SYNC_REQ;
     }
-    push_cqe(f, &ring, v.cqn, &Cqe { wc, retire: None, solicited: false });
+    push_cqe(f, &ring, &mut 0, v.cqn, &Cqe { wc, retire: None, solicited: false });
 }
 
 /// `ibv_post_srq_ops` on a tag-matching SRQ of protection domain `pd`.

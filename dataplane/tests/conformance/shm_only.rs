@@ -20,6 +20,30 @@ fn rnr_retry_count_is_exact() {
     }
 }
 
+/// A software NIC can see the responder's queue: an RNR wait ends as soon as a receive is
+/// posted, not when the RNR timer expires (docs/shm-provider.md), and that early attempt is
+/// not counted as a retry. The timer here is code 0, 655 ms: delivery long before it shows
+/// the wait was cut short; `retries() == 0` shows nothing was counted.
+#[test]
+fn rnr_wait_ends_when_a_receive_is_posted() {
+    const RX: usize = 64 << 10;
+    let o = ConnOpts { rnr_retry: 1, min_rnr_timer: 0, ..Default::default() };
+    let mut p = rc_pair_with::<ShmHarness>("rnr-early", o);
+    p.a.write(0, b"no sleep");
+    send(&mut p.qa, &p.a, 1, 0, 8);
+    assert_no_completion(&mut p.a.scq);
+    let posted = std::time::Instant::now();
+    recv(&mut p.qb, &p.b, 9, RX, 64);
+    let s = poll_one(&mut p.a.scq);
+    let waited = posted.elapsed();
+    assert_eq!((s.wr_id, s.status), (1, WcStatus::Success));
+    assert!(waited < std::time::Duration::from_millis(300), "waited {waited:?}: the 655 ms RNR timer ran out");
+    assert_eq!(p.qa.retries(), 0, "the early attempt is not a retry");
+    let r = poll_one(&mut p.b.rcq);
+    assert_eq!((r.wr_id, r.status, r.byte_len), (9, WcStatus::Success, 8));
+    assert_eq!(p.b.read(RX, 8), b"no sleep");
+}
+
 /// `retry_cnt = n` means n retries when the responder never answers, then RETRY_EXC_ERR.
 #[test]
 fn retry_cnt_is_exact() {
