@@ -4,19 +4,24 @@
 # perftest value, dp-perf value, ratio dp-perf/perftest); with --json, also one JSON object on
 # the last line. Exit status = number of runs that failed (an error or a hang, never a slow
 # number). Emulated rxe numbers compare the tools within one run, not to hardware.
-#   tools/rxe-vm/rxe-vm -- tools/rxe-vm/perf-compare.sh [--json] [--quick] [target/release/dp-perf]
+#   tools/rxe-vm/rxe-vm -- tools/rxe-vm/perf-compare.sh [--json] [--quick] [--repeat N] [target/release/dp-perf]
 # --quick: few iterations (CI). PERF_LAT_ITERS / PERF_BW_ITERS override the iteration counts.
+# --repeat N: each pair N times, perftest and dp-perf alternating; the table shows each tool's
+# median and the median of the per-pair ratios (rxe rates swing ~30% from run to run).
 set -u
-JSON=0 QUICK=0 DP=target/release/dp-perf
+JSON=0 QUICK=0 DP=target/release/dp-perf REPEAT=1 want_n=0
 for a in "$@"; do
+  if [ "$want_n" = 1 ]; then REPEAT=$a; want_n=0; continue; fi
   case "$a" in
     --json) JSON=1 ;;
     --quick) QUICK=1 ;;
-    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    --repeat) want_n=1 ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
     -*) echo "perf-compare.sh: unknown option $a" >&2; exit 2 ;;
     *) DP=$a ;;
   esac
 done
+case "$REPEAT" in ''|*[!0-9]*|0) echo "perf-compare.sh: --repeat needs a positive count, got '$REPEAT'" >&2; exit 2 ;; esac
 G=${RXE_GID_INDEX:-1}
 IP_B=${RXE_IP_B:-198.18.0.2}
 if [ "$QUICK" = 1 ]; then LAT_N=300 BW_N=2000; else LAT_N=5000 BW_N=50000; fi
@@ -56,21 +61,31 @@ pair() {
 # col FILE N: column N of the last result row (both tools print perftest's row layout).
 col() { grep -E '^ *[0-9]+ +[0-9]+ ' "$1" | tail -n 1 | awk -v n="$2" '{print $n}'; }
 
+# median of the arguments (empty when none)
+median() { printf '%s\n' "$@" | sort -g | awk '{v[NR] = $1} END { if (NR) print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'; }
+
 # compare LABEL PERFTEST-PROG DP-TEST SIZE ITERS COLUMN METRIC
 compare() {
-  local label=$1 prog=$2 test=$3 size=$4 n=$5 c=$6 metric=$7 pt dp ratio
+  local label=$1 prog=$2 test=$3 size=$4 n=$5 c=$6 metric=$7 pt dp ratio r a b
   local common="-x $G -s $size -n $n -I 0 -F" # -I 0: perftest's inline on rxe
-  port=$((port + 1))
-  pt=; dp=
-  if pair "pt-$test-$size" "$prog -d rxe1 -p $port $common" "$prog -d rxe0 -p $port $common"; then
-    pt=$(col "$LOG/pt-$test-$size.cli" "$c")
-  else fails=$((fails + 1)); fi
-  port=$((port + 1))
-  if pair "dp-$test-$size" "$DP $test --provider rdma -d rxe1 -p $port $common" \
-                          "$DP $test --provider rdma -d rxe0 -p $port $common"; then
-    dp=$(col "$LOG/dp-$test-$size.cli" "$c")
-  else fails=$((fails + 1)); fi
-  ratio=$(awk -v a="${dp:-0}" -v b="${pt:-0}" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "-" }')
+  local pts=() dps=() ratios=()
+  for ((r = 1; r <= REPEAT; r++)); do
+    port=$((port + 1)); a=; b=
+    if pair "pt-$test-$size-$r" "$prog -d rxe1 -p $port $common" "$prog -d rxe0 -p $port $common"; then
+      a=$(col "$LOG/pt-$test-$size-$r.cli" "$c"); pts+=("$a")
+    else fails=$((fails + 1)); fi
+    port=$((port + 1))
+    if pair "dp-$test-$size-$r" "$DP $test --provider rdma -d rxe1 -p $port $common" \
+                                "$DP $test --provider rdma -d rxe0 -p $port $common"; then
+      b=$(col "$LOG/dp-$test-$size-$r.cli" "$c"); dps+=("$b")
+    else fails=$((fails + 1)); fi
+    if [ -n "$a" ] && [ -n "$b" ]; then
+      ratios+=("$(awk -v d="$b" -v p="$a" 'BEGIN { if (d > 0 && p > 0) print d / p }')")
+    fi
+  done
+  pt=$(median "${pts[@]}"); dp=$(median "${dps[@]}"); ratio=$(median "${ratios[@]}")
+  if [ -n "$ratio" ]; then ratio=$(printf '%.2f' "$ratio"); else ratio=-; fi
+  if [ "$REPEAT" -gt 1 ]; then echo "# $label: perftest ${pts[*]:-} | dp-perf ${dps[*]:-}"; fi
   rows+=("$(printf '%-18s %-22s %12s %12s %8s' "$label" "$metric" "${pt:--}" "${dp:--}" "$ratio")")
   json+=("{\"test\":\"$label\",\"metric\":\"$metric\",\"perftest\":${pt:-null},\"dp_perf\":${dp:-null},\"ratio\":$([ "$ratio" = - ] && echo null || echo "$ratio")}")
 }
@@ -86,10 +101,11 @@ echo
 printf '%-18s %-22s %12s %12s %8s\n' test metric perftest dp-perf ratio
 printf '%s\n' "${rows[@]}"
 echo "# ratio = dp-perf / perftest (latency: lower is better; rates: higher is better)"
+[ "$REPEAT" = 1 ] || echo "# $REPEAT alternating runs each: medians, ratio = median of the per-pair ratios"
 echo "# cross-interop (dp-perf client against an ib_*_bw server): not run, the exchanges differ"
 echo "# (perftest negotiates versions and parameters in its own format; see docs/dp-perf.md)"
 [ $fails = 0 ] || echo "# $fails run(s) failed; logs in $LOG"
 if [ "$JSON" = 1 ]; then
-  (IFS=,; echo "{\"lat_iters\":$LAT_N,\"bw_iters\":$BW_N,\"failures\":$fails,\"results\":[${json[*]}]}")
+  (IFS=,; echo "{\"lat_iters\":$LAT_N,\"bw_iters\":$BW_N,\"repeat\":$REPEAT,\"failures\":$fails,\"results\":[${json[*]}]}")
 fi
 exit $fails
