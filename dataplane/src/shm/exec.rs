@@ -151,6 +151,31 @@ enum Outcome {
     Block(BlockKind),
 }
 
+/// `ptr::copy(src, dst, n)`, with 4 to 16 bytes copied inline: both (possibly overlapping)
+/// words are loaded before either is stored, so overlapping ranges come out as with `copy`,
+/// and the call into libc's memmove (~20 instructions of an 8-byte SEND) is skipped.
+///
+/// # Safety
+/// As for `ptr::copy`: `src` readable and `dst` writable for `n` bytes.
+#[inline(always)]
+unsafe fn copy_one(src: *const u8, dst: *mut u8, n: usize) {
+    // SAFETY: every access is inside `[src, src + n)` or `[dst, dst + n)` (8 <= n <= 16, or
+    // 4 <= n < 8 for the 4-byte words), per the contract; unaligned accesses are used.
+    unsafe {
+        if (8..=16).contains(&n) {
+            let (a, b) = ((src as *const u64).read_unaligned(), (src.add(n - 8) as *const u64).read_unaligned());
+            (dst as *mut u64).write_unaligned(a);
+            (dst.add(n - 8) as *mut u64).write_unaligned(b);
+        } else if (4..8).contains(&n) {
+            let (a, b) = ((src as *const u32).read_unaligned(), (src.add(n - 4) as *const u32).read_unaligned());
+            (dst as *mut u32).write_unaligned(a);
+            (dst.add(n - 4) as *mut u32).write_unaligned(b);
+        } else {
+            std::ptr::copy(src, dst, n);
+        }
+    }
+}
+
 /// Copies the bytes of `src` into `dst`, skipping the first `skip` bytes of `dst`.
 /// The caller has checked that `dst` holds `skip + total(src)` bytes.
 #[inline]
@@ -159,8 +184,8 @@ fn copy_sg(src: &[Seg], dst: &[Seg], skip: usize) {
     if let ([s], [d]) = (src, dst) {
         debug_assert!(skip + s.len <= d.len);
         // SAFETY: as below: both ranges were bounds-checked, and the caller checked that `d`
-        // holds `skip + s.len` bytes; `copy` tolerates overlap.
-        unsafe { std::ptr::copy(s.ptr, d.ptr.add(skip), s.len) };
+        // holds `skip + s.len` bytes; `copy_one` tolerates overlap.
+        unsafe { copy_one(s.ptr, d.ptr.add(skip), s.len) };
         return;
     }
     let (mut di, mut doff) = (0usize, skip);
@@ -242,7 +267,7 @@ fn deliver(
     wr: &SendWr,
     src: &[Seg],
     total: u64,
-    grh: Option<Option<[u8; GRH_LEN]>>,
+    grh: &Option<Option<[u8; GRH_LEN]>>,
     place_data: bool,
 ) -> Outcome {
     let reliable = st.qp_type == QpType::Rc;
@@ -287,9 +312,9 @@ fn deliver(
     // Nearly every receive request has one SGE: resolve it into a one-segment array rather
     // than zeroing room for MAX_SGE on every message.
     let status = if rx.n <= 1 {
-        place::<1>(f, pd, rx, src, total, &grh, place_data, &mut wc)
+        place::<1>(f, pd, rx, src, total, grh, place_data, &mut wc)
     } else {
-        place::<MAX_SGE>(f, pd, rx, src, total, &grh, place_data, &mut wc)
+        place::<MAX_SGE>(f, pd, rx, src, total, grh, place_data, &mut wc)
     };
     // One push for both outcomes: a single call site lets it inline, and the completion's
     // fields go straight into the CQ cell.
@@ -477,14 +502,14 @@ fn exec_wr(f: &Fabric, st: &mut SqState, wr: &SendWr, src: &[Seg], total: u64) -
     }
     let fail = |s: WcStatus| Outcome::Done(if reliable { s } else { WcStatus::Success }, 0);
     match wr.opcode {
-        WrOpcode::Send | WrOpcode::SendWithImm => deliver(f, sender, &mut st.rx, d, wr, src, total, None, true),
+        WrOpcode::Send | WrOpcode::SendWithImm => deliver(f, sender, &mut st.rx, d, wr, src, total, &None, true),
         WrOpcode::SendWithInv => {
             // The rkey must name a window of the responder's PD, else the responder rejects
             // the request before placing anything.
             if !mr_lookup(f, wr.imm_data).is_some_and(|m| m.window && m.pd == d.pd) {
                 return fail(WcStatus::RemInvReqErr);
             }
-            let out = deliver(f, sender, &mut st.rx, d, wr, src, total, None, true);
+            let out = deliver(f, sender, &mut st.rx, d, wr, src, total, &None, true);
             if matches!(out, Outcome::Done(WcStatus::Success, _)) {
                 super::mr::invalidate(f, d.pd, wr.imm_data);
             }
@@ -503,7 +528,7 @@ fn exec_wr(f: &Fabric, st: &mut SqState, wr: &SendWr, src: &[Seg], total: u64) -
             }
             copy_sg(src, &[Seg { ptr: p, len: total as usize }], 0);
             if wr.opcode == WrOpcode::RdmaWriteWithImm {
-                return deliver(f, sender, &mut st.rx, d, wr, src, total, None, false);
+                return deliver(f, sender, &mut st.rx, d, wr, src, total, &None, false);
             }
             Outcome::Done(WcStatus::Success, 0)
         }
@@ -560,7 +585,7 @@ fn exec_ud(f: &Fabric, st: &mut SqState, wr: &SendWr, src: &[Seg], total: u64) -
         g
     });
     let _ = d.lid;
-    deliver(f, sender, &mut st.rx, d, wr, src, total, Some(grh), true)
+    deliver(f, sender, &mut st.rx, d, wr, src, total, &Some(grh), true)
 }
 
 /// Marks an AH handle issued by the shm provider.
@@ -881,6 +906,33 @@ pub(crate) fn run_pending(f: &Fabric, st: &mut SqState) {
                     handle_block(f, st, kind);
                 }
                 return;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::copy_one;
+
+    /// The inline small copies agree with `ptr::copy` for every length up to 24 and every
+    /// overlap a QP sending to its own buffer can produce (destination before, on, or after
+    /// the source).
+    #[test]
+    fn copy_one_matches_ptr_copy_with_overlap() {
+        for n in 0..=24usize {
+            for shift in -9i32..=9 {
+                let mut a: Vec<u8> = (0..64u8).collect();
+                let mut b = a.clone();
+                let (src, dst) = (20usize, (20 + shift) as usize);
+                let (pa, pb) = (a.as_mut_ptr(), b.as_mut_ptr());
+                // SAFETY: both ranges lie inside the 64-byte buffers (20 + 9 + 24 < 64); one raw
+                // pointer per buffer, so source and destination may alias as in a real overlap.
+                unsafe {
+                    copy_one(pa.add(src), pa.add(dst), n);
+                    std::ptr::copy(pb.add(src), pb.add(dst), n);
+                }
+                assert_eq!(a, b, "n = {n}, shift = {shift}");
             }
         }
     }
