@@ -8,6 +8,7 @@
 mod atomics_two_process;
 mod cases;
 mod harness;
+mod post_list;
 mod shm_only;
 mod two_process;
 
