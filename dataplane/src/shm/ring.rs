@@ -242,14 +242,25 @@ impl Ring {
     /// `head_seen` is this producer's cached consumer position; it is re-read (Acquire, which
     /// orders the consumer's reads of the old payload before our writes) only when the cached
     /// value says full. A stale cache only underestimates the room: `head` never moves back.
-    /// A hostile `head` (beyond `pos`) reads as full, so it can stall the ring, never make a
-    /// producer overwrite a cell a consumer has not passed.
+    ///
+    /// `pos` itself may be stale (a `tail` read before other producers pushed and the consumer
+    /// took their entries): a fresh `head` beyond it means exactly that, not a full ring, so
+    /// `pos` is re-read from `tail` (which is never behind `head`). Were `head` still beyond
+    /// the fresh `tail`, the header is corrupt (hostile peer): that reads as full, so it can
+    /// stall the ring, never make a producer overwrite a cell a consumer has not passed.
     #[inline]
-    fn room_at(&self, pos: u64, head_seen: &mut u64) -> bool {
+    fn room_at(&self, pos: &mut u64, head_seen: &mut u64) -> bool {
         if pos.wrapping_sub(*head_seen) < self.capacity() {
             return true;
         }
-        *head_seen = self.hdr().head.load(Ordering::Acquire);
+        let hdr = self.hdr();
+        *head_seen = hdr.head.load(Ordering::Acquire);
+        if (head_seen.wrapping_sub(*pos) as i64) > 0 {
+            *pos = hdr.tail.load(Ordering::Relaxed);
+            if (head_seen.wrapping_sub(*pos) as i64) > 0 {
+                return false;
+            }
+        }
         pos.wrapping_sub(*head_seen) < self.capacity()
     }
 
@@ -260,7 +271,7 @@ impl Ring {
         let hdr = self.hdr();
         let mut pos = hdr.tail.load(Ordering::Relaxed);
         loop {
-            if !self.room_at(pos, head_seen) {
+            if !self.room_at(&mut pos, head_seen) {
                 return false;
             }
             // The claim only picks a position: the cell's sequence (Release below) publishes.
@@ -298,6 +309,30 @@ mod tests {
 
     #[repr(C, align(128))]
     struct Buf([u8; 4096]);
+
+    /// A producer whose `tail` read is stale (others pushed, the consumer took everything)
+    /// and whose cached `head` says full must look again, not report the CQ full: that would
+    /// put a healthy CQ into overrun error.
+    #[test]
+    fn tracked_push_with_a_stale_position_is_not_full() {
+        let mut b = Box::new(Buf([0; 4096]));
+        // SAFETY: the buffer is big enough for 4 cells of 16 bytes and private to the test.
+        let r = unsafe { Ring::init(b.0.as_mut_ptr(), 4, 16) };
+        let mut other = 0;
+        for i in 0..6u64 {
+            // SAFETY: the payload has 8 bytes.
+            assert!(r.push_tracked(&mut other, |p| unsafe { (p as *mut u64).write_unaligned(i) }));
+            assert!(matches!(r.pop_single_tracked(|_| {}), Pop::Item));
+        }
+        // Read at tail 5 with head 1 cached: 5 - 1 = capacity, "full" by that view.
+        let (mut pos, mut seen) = (5u64, 1u64);
+        assert!(r.room_at(&mut pos, &mut seen), "empty ring reported full");
+        assert_eq!((pos, seen), (6, 6), "position and head re-read");
+        // And a head beyond the tail (corrupt header) reads as full, without looping.
+        r.hdr().head.store(100, Ordering::Relaxed);
+        let (mut pos, mut seen) = (6u64, 0u64);
+        assert!(!r.room_at(&mut pos, &mut seen));
+    }
 
     #[test]
     fn fifo_full_empty_and_wrap() {
