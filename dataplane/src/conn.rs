@@ -92,18 +92,42 @@ pub fn client_exchange_many(host: &str, port: u16, locals: &[Endpoint]) -> Resul
 /// Errors: `EINVAL` when the name does not resolve, `EIO` (with the last reason) when no
 /// address accepts.
 pub fn connect_stream(host: &str, port: u16) -> Result<TcpStream> {
-    let addrs = (host, port)
+    let addrs = resolve(host, port)?;
+    connect_any(&addrs, None).map_err(|last| cannot_connect(host, port, last))
+}
+
+/// The addresses `host:port` resolves to. Errors: `EINVAL` when it does not resolve.
+fn resolve(host: &str, port: u16) -> Result<Vec<std::net::SocketAddr>> {
+    Ok((host, port)
         .to_socket_addrs()
-        .map_err(|e| Error::new(Errno::EINVAL, format!("cannot resolve {host}:{port}: {e}")))?;
+        .map_err(|e| Error::new(Errno::EINVAL, format!("cannot resolve {host}:{port}: {e}")))?
+        .collect())
+}
+
+/// Tries each of `addrs` in turn (each within `timeout`, if given); the first connection, or
+/// the last failure (`None`: no address).
+fn connect_any(
+    addrs: &[std::net::SocketAddr],
+    timeout: Option<std::time::Duration>,
+) -> std::result::Result<TcpStream, Option<std::io::Error>> {
     let mut last = None;
     for a in addrs {
-        match TcpStream::connect(a) {
+        let r = match timeout {
+            Some(t) => TcpStream::connect_timeout(a, t),
+            None => TcpStream::connect(a),
+        };
+        match r {
             Ok(s) => return Ok(s),
             Err(e) => last = Some(e),
         }
     }
+    Err(last)
+}
+
+/// `EIO` naming `host:port` and the last failure.
+fn cannot_connect(host: &str, port: u16, last: Option<std::io::Error>) -> Error {
     let e = last.map_or_else(|| "no address".to_owned(), |e| e.to_string());
-    Err(Error::new(Errno::EIO, format!("cannot connect to {host}:{port}: {e}")))
+    Error::new(Errno::EIO, format!("cannot connect to {host}:{port}: {e}"))
 }
 
 /// Client side on an open connection: sends `locals`, reads as many endpoints from the server,
@@ -253,23 +277,17 @@ pub fn read_mem(r: &mut impl Read) -> Result<RemoteMem> {
 /// started at the same moment may not listen yet). Errors: `EINVAL` for a name that does not
 /// resolve, `EIO` naming the last failure once `patience` is spent.
 pub fn connect_retry(host: &str, port: u16, patience: std::time::Duration) -> Result<TcpStream> {
-    let addrs: Vec<_> = (host, port)
-        .to_socket_addrs()
-        .map_err(|e| Error::new(Errno::EINVAL, format!("cannot resolve {host}:{port}: {e}")))?
-        .collect();
+    let addrs = resolve(host, port)?;
     let until = std::time::Instant::now() + patience;
+    let each = patience.max(std::time::Duration::from_millis(100));
     loop {
-        let mut last = None;
-        for a in &addrs {
-            match TcpStream::connect_timeout(a, patience.max(std::time::Duration::from_millis(100))) {
-                Ok(s) => return Ok(s),
-                Err(e) => last = Some(e),
-            }
-        }
+        let last = match connect_any(&addrs, Some(each)) {
+            Ok(s) => return Ok(s),
+            Err(last) => last,
+        };
         let refused = last.as_ref().is_some_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused);
         if !refused || std::time::Instant::now() >= until {
-            let e = last.map_or_else(|| "no address".to_owned(), |e| e.to_string());
-            return Err(Error::new(Errno::EIO, format!("cannot connect to {host}:{port}: {e}")));
+            return Err(cannot_connect(host, port, last));
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
