@@ -70,6 +70,17 @@ pub(crate) struct DestView {
     cq_head: std::cell::Cell<u64>,
 }
 
+impl DestView {
+    /// Whether a receive request is posted on this target's RQ or SRQ right now.
+    fn has_recv(&self) -> bool {
+        match (&self.srq, &self.rq) {
+            (Some(s), _) => s.ring.len() > 0,
+            (None, Some(r)) => r.len() > 0,
+            (None, None) => false,
+        }
+    }
+}
+
 /// Kept out of line: it runs once per connection, and inlined it made the per-message
 /// `dest` a full call with a large frame.
 #[cold]
@@ -521,8 +532,7 @@ fn exec_wr(f: &Fabric, st: &mut SqState, wr: &SendWr, src: &[Seg], total: u64) -
             if wr.opcode == WrOpcode::RdmaWriteWithImm {
                 // The immediate needs a receive: check for one before any byte lands, so an
                 // RNR retry does not write twice.
-                let has_recv = d.srq.map_or_else(|| d.rq.is_some_and(|r| r.len() > 0), |s| s.ring.len() > 0);
-                if !has_recv {
+                if !d.has_recv() {
                     return if reliable { Outcome::Block(BlockKind::Rnr) } else { Outcome::Done(WcStatus::Success, 0) };
                 }
             }
@@ -839,15 +849,6 @@ fn handle_block(f: &Fabric, st: &mut SqState, kind: BlockKind) -> bool {
     true
 }
 
-/// Whether the target of this send queue has a receive request posted right now.
-fn responder_has_recv(st: &SqState) -> bool {
-    st.dest.as_ref().is_some_and(|d| match (&d.srq, &d.rq) {
-        (Some(s), _) => s.ring.len() > 0,
-        (None, Some(r)) => r.len() > 0,
-        (None, None) => false,
-    })
-}
-
 /// Runs pending WQEs in order while the head can make progress.
 ///
 /// An RNR wait ends early when the responder has posted a receive since: a NIC cannot see
@@ -862,7 +863,7 @@ pub(crate) fn run_pending(f: &Fabric, st: &mut SqState) {
         let mut early = false;
         if let Some(b) = st.blocked {
             if Instant::now() < b.next_at {
-                if b.kind != BlockKind::Rnr || !responder_has_recv(st) {
+                if b.kind != BlockKind::Rnr || !st.dest.as_ref().is_some_and(DestView::has_recv) {
                     return;
                 }
                 early = true;
