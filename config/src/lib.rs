@@ -47,6 +47,7 @@
 
 mod error;
 mod located;
+mod params;
 mod parse;
 pub mod schema;
 mod source;
@@ -56,8 +57,9 @@ mod validate;
 pub use error::{ConfigError, ConfigErrors, ErrorKind};
 pub use located::Located;
 pub use schema::{
-    defaults, Config, HugepagePolicy, IdlePolicy, MemoryConfig, PageSize, Peer, PoolConfig, ProviderConfig,
-    ProviderKind, QpConfig, StageConfig, StageKind, Transport, WorkerConfig, MIN_MESSAGE_SIZE, UD_GRH_BYTES,
+    defaults, Config, HugepagePolicy, IdlePolicy, KindShape, MemoryConfig, PageSize, ParamsTable, Peer, PoolConfig,
+    ProviderConfig, ProviderKind, QpConfig, StageConfig, StageKind, Transport, WorkerConfig, MIN_MESSAGE_SIZE,
+    UD_GRH_BYTES,
 };
 pub use source::{Location, Source};
 pub use units::{ByteSize, HumanDuration, Rate};
@@ -129,8 +131,11 @@ impl Config {
     ///   and enough buffers for its workers (posted receives + send queues + cache each);
     ///   with `hugepages = "require"` the pools fit in the free huge pages of `page_size`;
     ///   pools (unless in huge pages) plus the shm fabric fit in available memory.
-    /// - **Stages**: input/output per kind (see [`StageKind`]); kind-specific parameters only
-    ///   on their kind; a QP endpoint belongs to the stage's worker; a QP feeds at most one
+    /// - **Stages**: a kind is built in or registered in [`ValidationEnv::kinds`] (else the
+    ///   error lists the known kinds); input/output per kind (see [`StageKind`], and the
+    ///   [`KindShape`] of a registered kind); kind-specific parameters only on their kind,
+    ///   `params` only on registered kinds (its contents are checked by
+    ///   [`Config::stage_params`]); a QP endpoint belongs to the stage's worker; a QP feeds at most one
     ///   stage; stage links are declared on both ends; fanout `outputs` is non-empty without
     ///   repeats; a UD QP used as an output, or as the input of an echo stage, has a peer or
     ///   `listen`; no cycles among stage links.

@@ -25,7 +25,7 @@ pub(crate) fn parse(source: Source) -> Result<Config, ConfigErrors> {
 }
 
 /// `workers[1].$__serde_spanned_private_value.core` to `workers[1].core`; `.` to ``.
-fn clean_path(path: &str) -> String {
+pub(crate) fn clean_path(path: &str) -> String {
     path.split('.')
         .filter(|seg| !seg.is_empty() && *seg != SPANNED_KEY)
         .map(|seg| seg.replace(SPANNED_KEY, ""))
@@ -39,7 +39,12 @@ fn quoted(message: &str) -> Vec<&str> {
     message.split('`').skip(1).step_by(2).collect()
 }
 
-fn translate(source: &Source, field: String, message: &str, span: Option<std::ops::Range<usize>>) -> ConfigError {
+pub(crate) fn translate(
+    source: &Source,
+    field: String,
+    message: &str,
+    span: Option<std::ops::Range<usize>>,
+) -> ConfigError {
     let error = |kind, msg: &str| ConfigError::new(kind, source, span.clone(), field.clone(), msg);
 
     if message.starts_with("unknown field `") {

@@ -621,9 +621,13 @@ pub(crate) fn parse_listen(text: &str) -> Result<(&str, u16), String> {
     }
 }
 
-/// What a stage does with messages.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
-#[serde(rename_all = "lowercase")]
+/// What a stage does with messages: one of the six built-in kinds, or a kind that the program
+/// running the pipeline registered (a user stage, e.g. `kind = "book"`).
+///
+/// Any string parses; whether a [`StageKind::User`] kind exists is decided at validation,
+/// against the kinds the program registered ([`crate::ValidationEnv::with_kinds`]), so that an
+/// unknown kind is reported with the registered ones.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum StageKind {
     /// Sends every message back on the QP it came from. Needs `input` (a QP); no `output`.
     Echo,
@@ -640,11 +644,29 @@ pub enum StageKind {
     /// Stamps each message with the next sequence number and passes it to `output`. Needs
     /// `input` and `output`.
     Sequencer,
+    /// A kind registered by the program (its endpoints follow the [`KindShape`] it was
+    /// registered with; its parameters are the stage's `params` table).
+    User(String),
 }
 
 impl StageKind {
+    /// The built-in kinds, in the order they are listed to users.
+    pub const BUILTIN: [StageKind; 6] = [
+        StageKind::Echo,
+        StageKind::Forward,
+        StageKind::Fanout,
+        StageKind::Sink,
+        StageKind::Source,
+        StageKind::Sequencer,
+    ];
+
+    /// The kind a TOML string names: a built-in, else a user kind.
+    pub fn parse(name: &str) -> StageKind {
+        StageKind::BUILTIN.into_iter().find(|k| k.as_str() == name).unwrap_or_else(|| StageKind::User(name.to_owned()))
+    }
+
     /// The TOML spelling.
-    pub fn as_str(self) -> &'static str {
+    pub fn as_str(&self) -> &str {
         match self {
             StageKind::Echo => "echo",
             StageKind::Forward => "forward",
@@ -652,12 +674,101 @@ impl StageKind {
             StageKind::Sink => "sink",
             StageKind::Source => "source",
             StageKind::Sequencer => "sequencer",
+            StageKind::User(name) => name,
         }
     }
 
-    /// Whether this kind receives messages (needs `input`).
-    pub fn has_input(self) -> bool {
+    /// Whether this is one of the built-in kinds.
+    pub fn is_builtin(&self) -> bool {
+        !matches!(self, StageKind::User(_))
+    }
+
+    /// The endpoints a built-in kind takes (`None` for user kinds: their registration says).
+    pub fn builtin_shape(&self) -> Option<KindShape> {
+        Some(match self {
+            StageKind::Echo => KindShape::sink(),
+            StageKind::Forward | StageKind::Sequencer => KindShape::filter(),
+            StageKind::Fanout => KindShape::filter().outputs(1, usize::MAX),
+            StageKind::Sink => KindShape::sink(),
+            StageKind::Source => KindShape::source(),
+            StageKind::User(_) => return None,
+        })
+    }
+
+    /// Whether this kind receives messages (needs `input`). User kinds: see their
+    /// [`KindShape`].
+    pub fn has_input(&self) -> bool {
         !matches!(self, StageKind::Source)
+    }
+}
+
+impl<'de> Deserialize<'de> for StageKind {
+    fn deserialize<D: serde::Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(de)?;
+        if name.is_empty() {
+            return Err(serde::de::Error::custom("invalid value: an empty stage kind, expected a kind name"));
+        }
+        Ok(StageKind::parse(&name))
+    }
+}
+
+/// The endpoints a stage kind takes: whether it has an `input`, and how many outputs
+/// (`output = "x"` counts as one, `outputs = [...]` as its length). Built-in kinds have fixed
+/// shapes; a user kind declares its shape when it is registered, and validation checks every
+/// stage of that kind against it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KindShape {
+    /// The stage takes messages from an `input` (required); `false`: it generates them (a
+    /// source: `input` is refused, and the stage is polled every loop).
+    pub input: bool,
+    /// Fewest outputs.
+    pub min_outputs: usize,
+    /// Most outputs (`usize::MAX`: no limit).
+    pub max_outputs: usize,
+}
+
+impl KindShape {
+    /// An input and exactly one output (a filter or transform).
+    pub const fn filter() -> KindShape {
+        KindShape { input: true, min_outputs: 1, max_outputs: 1 }
+    }
+
+    /// An input and no output (consumes messages, or replies on its input QP).
+    pub const fn sink() -> KindShape {
+        KindShape { input: true, min_outputs: 0, max_outputs: 0 }
+    }
+
+    /// No input, exactly one output (generates messages).
+    pub const fn source() -> KindShape {
+        KindShape { input: false, min_outputs: 1, max_outputs: 1 }
+    }
+
+    /// The same shape with between `min` and `max` outputs.
+    pub const fn outputs(self, min: usize, max: usize) -> KindShape {
+        KindShape { min_outputs: min, max_outputs: max, ..self }
+    }
+}
+
+/// The `params` table of a stage, kept as the span it was read from: its contents are
+/// deserialized into the registered kind's own type by [`crate::Config::stage_params`], which
+/// re-reads that part of the file so that errors point at the exact key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct ParamsTable;
+
+impl<'de> Deserialize<'de> for ParamsTable {
+    fn deserialize<D: serde::Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = ParamsTable;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a table")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<ParamsTable, A::Error> {
+                while map.next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?.is_some() {}
+                Ok(ParamsTable)
+            }
+        }
+        de.deserialize_map(V)
     }
 }
 
@@ -716,6 +827,12 @@ pub struct StageConfig {
     /// Default: `true`.
     #[serde(default = "d::histogram")]
     pub histogram: Located<bool>,
+    /// User kinds: the stage's parameters, a table deserialized into the type the kind was
+    /// registered with (e.g. `params = { depth = 10 }`, or a `[stages.params]` table after the
+    /// stage's `[[stages]]` header). Refused on built-in kinds, which take their parameters as
+    /// fields. Default: absent (the kind's type is read from an empty table).
+    #[serde(default)]
+    pub params: Option<Located<ParamsTable>>,
 }
 
 impl StageConfig {
@@ -734,6 +851,7 @@ impl StageConfig {
             duration: d::duration(),
             verify_sequence: d::verify_sequence(),
             histogram: d::histogram(),
+            params: None,
         }
     }
 

@@ -6,7 +6,7 @@ use crate::error::{closest, ConfigError, ConfigErrors, ErrorKind};
 use crate::located::Located;
 use crate::schema::*;
 use crate::units::{ByteSize, Rate};
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::ops::Range;
 
 /// What the machine offers, against which a configuration is checked.
@@ -24,6 +24,9 @@ pub struct ValidationEnv {
     pub free_hugepages_1g: Option<u64>,
     /// Memory available for new allocations, in bytes (`MemAvailable`).
     pub mem_available: Option<u64>,
+    /// Stage kinds registered by the program besides the built-ins, with the endpoints each
+    /// takes. A stage whose kind is neither built in nor here is an error.
+    pub kinds: BTreeMap<String, KindShape>,
 }
 
 impl Default for ValidationEnv {
@@ -65,7 +68,21 @@ impl ValidationEnv {
             free_hugepages_2m: free_pages(PageSize::Huge2M),
             free_hugepages_1g: free_pages(PageSize::Huge1G),
             mem_available,
+            kinds: BTreeMap::new(),
         }
+    }
+
+    /// The same environment with these stage kinds registered besides the built-ins (a
+    /// program's own stages: see the `dataplane_apps::stages` registry).
+    pub fn with_kinds<'a>(mut self, kinds: impl IntoIterator<Item = (&'a str, KindShape)>) -> Self {
+        self.kinds.extend(kinds.into_iter().map(|(n, s)| (n.to_owned(), s)));
+        self
+    }
+
+    /// The endpoints `kind` takes: its built-in shape or its registration; `None` when the
+    /// kind is neither.
+    pub fn shape_of(&self, kind: &StageKind) -> Option<KindShape> {
+        kind.builtin_shape().or_else(|| self.kinds.get(kind.as_str()).copied())
     }
 
     /// An environment with these cores and unknown memory (memory checks skipped).
@@ -73,7 +90,13 @@ impl ValidationEnv {
         let mut cores: Vec<usize> = cores.into_iter().collect();
         cores.sort_unstable();
         cores.dedup();
-        ValidationEnv { cores, free_hugepages_2m: None, free_hugepages_1g: None, mem_available: None }
+        ValidationEnv {
+            cores,
+            free_hugepages_2m: None,
+            free_hugepages_1g: None,
+            mem_available: None,
+            kinds: BTreeMap::new(),
+        }
     }
 
     /// Sets the number of free huge pages of one size.
@@ -1025,7 +1048,7 @@ impl<'a> Validator<'a> {
         let mut consumers: HashMap<usize, usize> = HashMap::new();
         for (i, s) in cfg.stages.iter().enumerate() {
             let f = |name: &str| format!("stages[{i}].{name}");
-            let kind = *s.kind;
+            let kind = s.kind.value.clone();
             let worker_idx = self.workers.get(s.worker.as_str()).copied();
             if worker_idx.is_none() {
                 let hint = Self::did_you_mean(&s.worker, self.workers.keys().copied())
@@ -1205,7 +1228,135 @@ impl<'a> Validator<'a> {
     fn stage_kind_rules(&mut self, i: usize) {
         let s = &self.cfg.stages[i];
         let f = |name: &str| format!("stages[{i}].{name}");
-        let kind = *s.kind;
+        let kind = s.kind.value.clone();
+        let k = kind.as_str();
+        if let StageKind::User(name) = &kind {
+            self.user_kind_rules(i, name);
+        } else {
+            if let Some(p) = &s.params {
+                self.push(
+                    ErrorKind::Invalid,
+                    p.span.clone(),
+                    f("params"),
+                    format!("`params` applies only to registered stage kinds, not to the built-in kind \"{k}\""),
+                    Some(format!("a {k} stage takes its parameters as fields of the stage: see config/reference.toml")),
+                );
+            }
+            self.builtin_endpoint_rules(i);
+        }
+        // Kind-specific parameters.
+        let foreign = |owner: StageKind, name: &'static str, span: &Option<Range<usize>>| {
+            (owner != kind && span.is_some()).then(|| (name, owner, span.clone()))
+        };
+        let list = [
+            foreign(StageKind::Source, "rate", &s.rate.span),
+            foreign(StageKind::Source, "message_size", &s.message_size.span),
+            foreign(StageKind::Source, "count", &s.count.span),
+            foreign(StageKind::Source, "duration", &s.duration.span),
+            foreign(StageKind::Sink, "verify_sequence", &s.verify_sequence.span),
+            foreign(StageKind::Sink, "histogram", &s.histogram.span),
+        ];
+        for (name, owner, span) in list.into_iter().flatten() {
+            let hint = if kind.is_builtin() {
+                format!("remove it from this {k} stage")
+            } else {
+                format!("remove it; a {k} stage takes its parameters in its `params` table")
+            };
+            self.push(
+                ErrorKind::Invalid,
+                span,
+                f(name),
+                format!("`{name}` applies only to kind = \"{}\"", owner.as_str()),
+                Some(hint),
+            );
+        }
+        if kind == StageKind::Source {
+            self.source_rules(i);
+        }
+    }
+
+    /// A registered kind: it must exist, and its endpoints follow its [`KindShape`].
+    fn user_kind_rules(&mut self, i: usize, name: &str) {
+        let s = &self.cfg.stages[i];
+        let f = |field: &str| format!("stages[{i}].{field}");
+        let Some(shape) = self.env.kinds.get(name).copied() else {
+            let known: Vec<&str> = StageKind::BUILTIN
+                .iter()
+                .map(|k| k.as_str())
+                .chain(self.env.kinds.keys().map(String::as_str))
+                .collect();
+            let list = known.iter().map(|k| format!("\"{k}\"")).collect::<Vec<_>>().join(", ");
+            let msg = match closest(name, known.iter().copied()) {
+                Some(c) => format!("unknown stage kind \"{name}\", did you mean \"{c}\"?"),
+                None => format!("unknown stage kind \"{name}\""),
+            };
+            self.push(
+                ErrorKind::UnknownVariant,
+                s.kind.span.clone(),
+                f("kind"),
+                msg,
+                Some(format!("the kinds this program knows: {list}")),
+            );
+            return;
+        };
+        match (&s.input, shape.input) {
+            (None, true) => self.push(
+                ErrorKind::Invalid,
+                s.name.span.clone(),
+                format!("stages[{i}]"),
+                format!("{name} stage `{}` needs an `input`", s.name),
+                Some("set input = \"<qp or stage name>\"".into()),
+            ),
+            (Some(input), false) => self.push(
+                ErrorKind::Invalid,
+                input.span.clone(),
+                f("input"),
+                format!("a {name} stage generates its messages and takes no `input`"),
+                Some("remove `input`".into()),
+            ),
+            _ => {}
+        }
+        if let (Some(o), true) = (&s.output, s.outputs.is_explicit()) {
+            self.push(
+                ErrorKind::Invalid,
+                o.span.clone(),
+                f("output"),
+                "set either `output` or `outputs`, not both".into(),
+                Some("`output = \"x\"` is the same as `outputs = [\"x\"]`".into()),
+            );
+            return;
+        }
+        let count = s.output.iter().count() + s.outputs.len();
+        let (min, max) = (shape.min_outputs, shape.max_outputs);
+        let wanted = match (min, max) {
+            (0, 0) => "no output".to_owned(),
+            (a, b) if a == b => format!("exactly {a} output{}", if a == 1 { "" } else { "s" }),
+            (a, usize::MAX) => format!("at least {a} output{}", if a == 1 { "" } else { "s" }),
+            (a, b) => format!("{a} to {b} outputs"),
+        };
+        if count < min || count > max {
+            let span = first_span(&[&s.output.as_ref().and_then(|o| o.span.clone()), &s.outputs.span, &s.name.span]);
+            let field = if s.outputs.is_explicit() { f("outputs") } else { f("output") };
+            let hint = match max {
+                0 => "remove `output` and `outputs`".to_owned(),
+                1 => "set output = \"<qp or stage name>\"".to_owned(),
+                _ => "set outputs = [\"<qp or stage>\", ...]".to_owned(),
+            };
+            self.push(
+                ErrorKind::Invalid,
+                span,
+                field,
+                format!("{name} stage `{}` takes {wanted}, and has {count}", s.name),
+                Some(hint),
+            );
+        }
+    }
+
+    /// A built-in kind's required and forbidden endpoints.
+    fn builtin_endpoint_rules(&mut self, i: usize) {
+        let s = &self.cfg.stages[i];
+        let f = |name: &str| format!("stages[{i}].{name}");
+        let kind = s.kind.value.clone();
         let k = kind.as_str();
         // Required and forbidden endpoints.
         if kind.has_input() && s.input.is_none() {
@@ -1272,55 +1423,38 @@ impl<'a> Validator<'a> {
                 Some(format!("use `output` for {} {k} stage, or set kind = \"fanout\"", article(k))),
             );
         }
-        // Kind-specific parameters.
-        let foreign = |owner: StageKind, name: &'static str, span: &Option<Range<usize>>| {
-            (owner != kind && span.is_some()).then(|| (name, owner, span.clone()))
-        };
-        let list = [
-            foreign(StageKind::Source, "rate", &s.rate.span),
-            foreign(StageKind::Source, "message_size", &s.message_size.span),
-            foreign(StageKind::Source, "count", &s.count.span),
-            foreign(StageKind::Source, "duration", &s.duration.span),
-            foreign(StageKind::Sink, "verify_sequence", &s.verify_sequence.span),
-            foreign(StageKind::Sink, "histogram", &s.histogram.span),
-        ];
-        for (name, owner, span) in list.into_iter().flatten() {
+    }
+
+    /// A source's rate, message size and limits.
+    fn source_rules(&mut self, i: usize) {
+        let s = &self.cfg.stages[i];
+        let f = |name: &str| format!("stages[{i}].{name}");
+        if *s.rate == Rate::PerSecond(0) {
             self.push(
                 ErrorKind::Invalid,
-                span,
-                f(name),
-                format!("`{name}` applies only to kind = \"{}\"", owner.as_str()),
-                Some(format!("remove it from this {k} stage")),
+                s.rate.span.clone(),
+                f("rate"),
+                "rate 0 would send nothing".into(),
+                Some("give messages per second, or \"max\"".into()),
             );
         }
-        if kind == StageKind::Source {
-            if *s.rate == Rate::PerSecond(0) {
-                self.push(
-                    ErrorKind::Invalid,
-                    s.rate.span.clone(),
-                    f("rate"),
-                    "rate 0 would send nothing".into(),
-                    Some("give messages per second, or \"max\"".into()),
-                );
-            }
-            if s.message_size.bytes() < MIN_MESSAGE_SIZE {
-                self.push(
-                    ErrorKind::Invalid,
-                    s.message_size.span.clone(),
-                    f("message_size"),
-                    format!("message_size {} is below the minimum of {MIN_MESSAGE_SIZE} bytes", s.message_size.bytes()),
-                    Some("a source message carries an 8-byte sequence number and an 8-byte timestamp".into()),
-                );
-            }
-            if *s.count != 0 && !s.duration.is_zero() {
-                self.push(
-                    ErrorKind::Invalid,
-                    first_span(&[&s.duration.span, &s.count.span]),
-                    f("duration"),
-                    "set either `count` or `duration`, not both".into(),
-                    Some("count stops after N messages, duration after a time; 0 means no limit".into()),
-                );
-            }
+        if s.message_size.bytes() < MIN_MESSAGE_SIZE {
+            self.push(
+                ErrorKind::Invalid,
+                s.message_size.span.clone(),
+                f("message_size"),
+                format!("message_size {} is below the minimum of {MIN_MESSAGE_SIZE} bytes", s.message_size.bytes()),
+                Some("a source message carries an 8-byte sequence number and an 8-byte timestamp".into()),
+            );
+        }
+        if *s.count != 0 && !s.duration.is_zero() {
+            self.push(
+                ErrorKind::Invalid,
+                first_span(&[&s.duration.span, &s.count.span]),
+                f("duration"),
+                "set either `count` or `duration`, not both".into(),
+                Some("count stops after N messages, duration after a time; 0 means no limit".into()),
+            );
         }
     }
 

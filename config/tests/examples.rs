@@ -58,8 +58,9 @@ fn echo_rdma_mirrors_echo_on_rxe0() {
         c.qps.iter().map(|q| (q.name.to_string(), q.peer.as_deref().cloned().unwrap_or_default())).collect()
     };
     assert_eq!(names(&shm), names(&rdma));
-    let stages =
-        |c: &Config| -> Vec<(String, StageKind)> { c.stages.iter().map(|s| (s.name.to_string(), *s.kind)).collect() };
+    let stages = |c: &Config| -> Vec<(String, StageKind)> {
+        c.stages.iter().map(|s| (s.name.to_string(), s.kind.value.clone())).collect()
+    };
     assert_eq!(stages(&shm), stages(&rdma));
 }
 
