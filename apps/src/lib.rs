@@ -4,9 +4,11 @@
 
 #![warn(missing_docs)]
 
+pub mod cli;
 pub mod exchange;
 pub mod json;
 pub mod limits;
 pub mod report;
 pub mod runner;
+pub mod stages;
 pub mod stats;

@@ -40,6 +40,11 @@ pub fn total_leaked(r: &RunReport) -> usize {
     r.pools.iter().map(|p| p.leaked).sum()
 }
 
+/// Completions with an error status, over every worker.
+pub fn total_errors(r: &RunReport) -> u64 {
+    r.workers.iter().map(|w| w.errors).sum()
+}
+
 /// The human-readable summary.
 pub fn text(r: &RunReport) -> String {
     let secs = r.elapsed.as_secs_f64();
@@ -217,7 +222,7 @@ pub fn json(r: &RunReport) -> String {
                 "{{\"name\":{},\"kind\":{},\"msgs\":{},\"bytes\":{},\"msgs_per_s\":{},\"msgs_out\":{},\"bytes_out\":{},\
                  \"dropped\":{},\"gaps\":{},\"duplicates\":{},\"latency_ns\":",
                 js(&s.name),
-                js(s.kind),
+                js(&s.kind),
                 s.msgs_in,
                 s.bytes_in,
                 num(rate(s.msgs_in, secs)),

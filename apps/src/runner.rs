@@ -14,9 +14,10 @@
 
 use crate::exchange::{self, Route};
 use crate::limits;
+use crate::stages::Registry;
 use crate::stats;
 use dataplane::mem::{BufferPool, HugePolicy, PageSize as MemPage};
-use dataplane::pipeline::{Clock, Echo, Fanout, Forward, Handler, Sequencer, Sink, Source, SourceLimits, Target};
+use dataplane::pipeline::{Clock, Handler, Target};
 use dataplane::rdma::{Rdma, RdmaConfig};
 use dataplane::shm::{Shm, ShmConfig};
 use dataplane::verbs::{AccessFlags, QpType};
@@ -24,7 +25,7 @@ use dataplane::worker::idle::IdleKind;
 use dataplane::worker::stats::WorkerStats;
 use dataplane::worker::{Control, PeerAddr, QpParams, Worker, WorkerParams, WorkerReport};
 use dataplane::{Context, Mr, Pd, Provider};
-use dataplane_config::{Config, HugepagePolicy, IdlePolicy, PageSize, Peer, ProviderKind, Rate, StageKind, Transport};
+use dataplane_config::{Config, HugepagePolicy, IdlePolicy, PageSize, Peer, ProviderKind, StageKind, Transport};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -74,8 +75,9 @@ pub struct RunReport {
     pub interrupted: bool,
 }
 
-/// Runs the (validated) pipeline `cfg`. `interrupt` is set by the Ctrl-C handler.
-pub fn run(cfg: &Config, opts: &RunOptions, interrupt: &AtomicBool) -> Result<RunReport, String> {
+/// Runs the (validated) pipeline `cfg`, its stages made by `registry`. `interrupt` is set by
+/// the Ctrl-C handler.
+pub fn run(cfg: &Config, registry: &Registry, opts: &RunOptions, interrupt: &AtomicBool) -> Result<RunReport, String> {
     match *cfg.provider.kind {
         ProviderKind::Rdma => {
             if opts.fabric.is_some() {
@@ -87,7 +89,7 @@ pub fn run(cfg: &Config, opts: &RunOptions, interrupt: &AtomicBool) -> Result<Ru
                 port: *p.port,
                 gid_index: *p.gid_index,
             };
-            run_on::<Rdma>(&rcfg, cfg, opts, interrupt)
+            run_on::<Rdma>(&rcfg, cfg, registry, opts, interrupt)
         }
         ProviderKind::Shm => {
             let fabric = opts.fabric.clone().unwrap_or_else(|| cfg.provider.fabric.as_str().to_owned());
@@ -102,7 +104,7 @@ pub fn run(cfg: &Config, opts: &RunOptions, interrupt: &AtomicBool) -> Result<Ru
             };
             let pools: u64 = cfg.memory.pools.iter().map(|p| p.bytes() + 4096).sum();
             let size = (cfg.provider.fabric_size.bytes() + pools + (4 << 20)) as usize;
-            run_on::<Shm>(&ShmConfig { fabric, size, huge }, cfg, opts, interrupt)
+            run_on::<Shm>(&ShmConfig { fabric, size, huge }, cfg, registry, opts, interrupt)
         }
     }
 }
@@ -117,6 +119,7 @@ struct Built<P: Provider> {
 pub fn run_on<P: Provider>(
     pcfg: &P::Config,
     cfg: &Config,
+    registry: &Registry,
     opts: &RunOptions,
     interrupt: &AtomicBool,
 ) -> Result<RunReport, String>
@@ -159,7 +162,7 @@ where
         pools.insert(p.name.as_str(), (pool, mr));
     }
 
-    let mut b = build::<P>(cfg, opts, &ctx, &pd, &pools, &ctl, clock, route, &fit)?;
+    let mut b = build::<P>(cfg, registry, opts, &ctx, &pd, &pools, &ctl, clock, route, &fit)?;
     // Live stats: the workers' counters move into a shared-memory segment that dpctl reads
     // (before the remote exchange, which may wait for the other side: dpctl sees it start).
     let name = opts.fabric.as_deref().unwrap_or(cfg.provider.fabric.as_str());
@@ -183,8 +186,11 @@ where
     // Run.
     // Without sources (the listening side of a remote pair), only a duration, Ctrl-C or the
     // remote peer leaving ends the run.
-    let mut sources = cfg.stages.iter().filter(|s| *s.kind == StageKind::Source).peekable();
-    let all_limited = sources.peek().is_some() && sources.all(|s| *s.count != 0 || !s.duration.is_zero());
+    // A source of a registered kind has no known limit: only a duration or Ctrl-C ends it.
+    let mut sources =
+        cfg.stages.iter().filter(|s| registry.get(s.kind.as_str()).is_some_and(|k| !k.shape.input)).peekable();
+    let all_limited = sources.peek().is_some()
+        && sources.all(|s| *s.kind == StageKind::Source && (*s.count != 0 || !s.duration.is_zero()));
     let total = |stats: &[WorkerStats]| -> (u64, u64) {
         stats.iter().fold((0, 0), |(t, r), s| (t + s.tx_msgs.get(), r + s.rx_msgs.get()))
     };
@@ -272,6 +278,7 @@ where
 #[allow(clippy::too_many_arguments)]
 fn build<P: Provider>(
     cfg: &Config,
+    registry: &Registry,
     opts: &RunOptions,
     ctx: &Arc<P::Context>,
     pd: &P::Pd,
@@ -354,7 +361,7 @@ fn build<P: Provider>(
         sidx.insert(s.name.as_str(), (wi, per_worker[wi]));
         per_worker[wi] += 1;
     }
-    for s in &cfg.stages {
+    for (si, s) in cfg.stages.iter().enumerate() {
         let (wi, _) = sidx[s.name.as_str()];
         let target = |ep: &str| -> Result<Target, String> {
             if let Some(&(w, i)) = qidx.get(ep) {
@@ -380,25 +387,7 @@ fn build<P: Provider>(
             },
             None => None,
         };
-        let w = &cfg.workers[wi];
-        let handler: Box<dyn Handler> = match *s.kind {
-            StageKind::Echo => Box::new(Echo),
-            StageKind::Forward => Box::new(Forward),
-            StageKind::Fanout => Box::new(Fanout),
-            StageKind::Sequencer => Box::new(Sequencer::default()),
-            StageKind::Sink => Box::new(Sink::new(*s.verify_sequence, *s.histogram)),
-            StageKind::Source => {
-                let limits = SourceLimits {
-                    rate: match *s.rate {
-                        Rate::Max => 0,
-                        Rate::PerSecond(n) => n,
-                    },
-                    count: *s.count,
-                    duration_ns: s.duration.0.as_nanos() as u64,
-                };
-                Box::new(Source::new(s.message_size.bytes() as usize, limits, *w.poll_burst as usize))
-            }
-        };
+        let handler: Box<dyn Handler> = registry.build(cfg, si).map_err(|e| e.to_string())?;
         workers[wi].add_stage(s.name.as_str(), s.kind.as_str(), handler, outputs, input_qp);
     }
     let qps = qidx.into_iter().map(|(n, at)| (n.to_owned(), at)).collect();

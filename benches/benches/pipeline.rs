@@ -42,7 +42,7 @@ fn main() {
             no_pin: false,
             no_stats: false,
         };
-        let r = runner::run(&cfg, &opts, &stop).unwrap_or_else(|e| {
+        let r = runner::run(&cfg, &dataplane_apps::stages::Registry::new(), &opts, &stop).unwrap_or_else(|e| {
             eprintln!("{e}");
             std::process::exit(1)
         });

@@ -173,7 +173,7 @@ fn write_tables(map: &Mapping, plan: &Plan, name: &str, shapes: &[StatsShape]) {
             put(d + D_OWNER, wi as u64);
             put(d + D_COUNTERS, plan.stages[s] as u64);
             put(d + D_LATENCY, plan.latency[s].unwrap_or(0) as u64);
-            put_str(d + D_KIND, st.kind, KIND_WORDS);
+            put_str(d + D_KIND, &st.kind, KIND_WORDS);
             s += 1;
         }
     }

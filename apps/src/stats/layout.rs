@@ -221,7 +221,7 @@ mod tests {
     #[test]
     fn blocks_are_aligned_and_disjoint() {
         use dataplane::worker::stats::StageShape;
-        let stage = |l| StageShape { name: "s".into(), kind: "sink", latency: l };
+        let stage = |l| StageShape { name: "s".into(), kind: "sink".into(), latency: l };
         let shapes = vec![
             StatsShape { name: "a".into(), core: Some(0), qps: vec!["q".into()], stages: vec![stage(true)] },
             StatsShape { name: "b".into(), core: None, qps: vec![], stages: vec![stage(false), stage(true)] },

@@ -10,7 +10,7 @@ use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 fn shapes() -> Vec<StatsShape> {
-    let st = |name: &str, kind, latency| StageShape { name: name.into(), kind, latency };
+    let st = |name: &str, kind: &str, latency| StageShape { name: name.into(), kind: kind.into(), latency };
     vec![
         StatsShape {
             name: "client".into(),

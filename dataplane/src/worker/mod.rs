@@ -163,7 +163,7 @@ pub struct PeerAddr {
 
 pub(crate) struct StageSlot {
     pub(crate) name: String,
-    pub(crate) kind: &'static str,
+    pub(crate) kind: String,
     pub(crate) handler: Box<dyn Handler>,
     pub(crate) outputs: Vec<Target>,
     pub(crate) stats: StageStats,
@@ -199,8 +199,8 @@ pub struct QpReport {
 pub struct StageSummary {
     /// Stage name.
     pub name: String,
-    /// Kind (`"sink"`, `"echo"`, ...).
-    pub kind: &'static str,
+    /// Kind (`"sink"`, `"echo"`, ..., or a registered kind's name).
+    pub kind: String,
     /// Messages in (generated, for sources).
     pub msgs_in: u64,
     /// Bytes in.
@@ -372,7 +372,11 @@ impl<P: Provider> Worker<P> {
             stages: self
                 .stages
                 .iter()
-                .map(|s| StageShape { name: s.name.clone(), kind: s.kind, latency: s.handler.records_latency() })
+                .map(|s| StageShape {
+                    name: s.name.clone(),
+                    kind: s.kind.clone(),
+                    latency: s.handler.records_latency(),
+                })
                 .collect(),
         }
     }
@@ -505,7 +509,7 @@ impl<P: Provider> Worker<P> {
     pub fn add_stage(
         &mut self,
         name: &str,
-        kind: &'static str,
+        kind: &str,
         handler: Box<dyn Handler>,
         outputs: Vec<Target>,
         input_qp: Option<usize>,
@@ -517,7 +521,7 @@ impl<P: Provider> Worker<P> {
         self.stage_input.push(input_qp.map(|q| q as u16));
         self.stages.push(StageSlot {
             name: name.into(),
-            kind,
+            kind: kind.into(),
             handler,
             outputs,
             stats: StageStats::new(),
@@ -686,7 +690,7 @@ impl<P: Provider> Worker<P> {
                 .iter()
                 .map(|st| StageSummary {
                     name: st.name.clone(),
-                    kind: st.kind,
+                    kind: st.kind.clone(),
                     msgs_in: st.stats.msgs_in.get(),
                     bytes_in: st.stats.bytes_in.get(),
                     msgs_out: st.stats.msgs_out.get(),

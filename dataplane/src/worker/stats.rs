@@ -341,8 +341,8 @@ pub struct StatsShape {
 pub struct StageShape {
     /// Stage name.
     pub name: String,
-    /// Kind (`"sink"`, `"echo"`, ...).
-    pub kind: &'static str,
+    /// Kind (`"sink"`, `"echo"`, ..., or a registered kind's name).
+    pub kind: String,
     /// Whether the stage records latency (then it gets a [`LatencyBuckets`] block).
     pub latency: bool,
 }
