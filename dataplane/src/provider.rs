@@ -8,8 +8,8 @@
 //! PD alive, an MR keeps its PD and memory alive, so no handle can outlive what it points into.
 
 use crate::verbs::{
-    AccessFlags, AhAttr, AhHandle, AsyncEvent, DeviceCaps, Endpoint, PortAttr, PostError, QpAttr, QpCaps, QpState,
-    QpType, RecvChain, Result, SendChain, SrqAttr, SrqAttrMask, WorkCompletion,
+    AccessFlags, AhAttr, AhHandle, AsyncEvent, ConnectOpts, DeviceCaps, Endpoint, Errno, Error, PeerAddr, PortAttr,
+    PostError, QpAttr, QpCaps, QpState, QpType, RecvChain, Result, SendChain, SrqAttr, SrqAttrMask, WorkCompletion,
 };
 use crate::verbs::{OpsChain, TmCaps};
 
@@ -145,6 +145,11 @@ pub trait Cq {
     }
 }
 
+/// `e` with the bring-up step it happened in before its message; the errno is kept.
+fn in_step(e: Error, step: &str) -> Error {
+    Error::new(e.errno, format!("{step}: {}", e.msg))
+}
+
 /// A queue pair.
 pub trait Qp {
     /// QP number.
@@ -172,6 +177,87 @@ pub trait Qp {
     /// Errors, with `bad_wr`: `EINVAL` (QP in RESET, QP attached to an SRQ, too many SGEs,
     /// unknown lkey, SGE outside its MR, MR without LOCAL_WRITE); `ENOMEM` (queue full).
     fn post_recv(&mut self, chain: &RecvChain) -> std::result::Result<(), PostError>;
+
+    /// Connects an RC or UC QP to `peer` and makes it ready to send: RESET → INIT (port,
+    /// P_Key, access of `opts`) → RTR (the peer's QPN, PSN and route; MTU and RNR timer of
+    /// `opts`) → RTS (send PSN, timeout and retries of `opts`). A QP already in INIT (e.g.
+    /// to post receives before connecting) starts from there. The one call to make after the
+    /// out-of-band exchange, on either side; see [`PeerAddr::from_endpoint`].
+    ///
+    /// Errors: `EINVAL` on a UD QP (use [`ready`](Self::ready)), on a QP in another state than
+    /// RESET or INIT, or for an attribute the device refuses (the failing transition is named;
+    /// the QP stays in the state it reached).
+    fn connect(&mut self, peer: &PeerAddr, opts: &ConnectOpts) -> Result<()> {
+        if !matches!(self.qp_type(), QpType::Rc | QpType::Uc) {
+            return Err(Error::new(
+                Errno::EINVAL,
+                format!("connect: a {:?} QP has no peer; bring it up with ready()", self.qp_type()),
+            ));
+        }
+        self.bring_up_to_init(opts)?;
+        let rtr = QpAttr {
+            state: QpState::Rtr,
+            dest_qp_num: peer.qpn,
+            rq_psn: peer.psn,
+            ah: peer.ah,
+            path_mtu: opts.path_mtu,
+            min_rnr_timer: opts.min_rnr_timer,
+            max_dest_rd_atomic: opts.max_dest_rd_atomic,
+            ..Default::default()
+        };
+        self.modify(&rtr).map_err(|e| in_step(e, &format!("connect to QP {}: INIT -> RTR", peer.qpn)))?;
+        let rts = QpAttr {
+            state: QpState::Rts,
+            sq_psn: opts.sq_psn,
+            timeout: opts.timeout,
+            retry_cnt: opts.retry_cnt,
+            rnr_retry: opts.rnr_retry,
+            max_rd_atomic: opts.max_rd_atomic,
+            ..Default::default()
+        };
+        self.modify(&rts).map_err(|e| in_step(e, &format!("connect to QP {}: RTR -> RTS", peer.qpn)))
+    }
+
+    /// Makes a UD (or RAW_PACKET-like, connectionless) QP ready to send and receive: RESET →
+    /// INIT (port, P_Key, Q_Key of `opts`) → RTR → RTS (send PSN of `opts`). A QP already in
+    /// INIT starts from there. Destinations travel with each send (`UdDest`).
+    ///
+    /// Errors: `EINVAL` on an RC or UC QP (use [`connect`](Self::connect)), on a QP in
+    /// another state than RESET or INIT, or for an attribute the device refuses.
+    fn ready(&mut self, opts: &ConnectOpts) -> Result<()> {
+        if matches!(self.qp_type(), QpType::Rc | QpType::Uc) {
+            return Err(Error::new(
+                Errno::EINVAL,
+                format!("ready: a {:?} QP needs its peer; bring it up with connect()", self.qp_type()),
+            ));
+        }
+        self.bring_up_to_init(opts)?;
+        self.modify(&QpAttr { state: QpState::Rtr, ..Default::default() })
+            .map_err(|e| in_step(e, "ready: INIT -> RTR"))?;
+        self.modify(&QpAttr { state: QpState::Rts, sq_psn: opts.sq_psn, ..Default::default() })
+            .map_err(|e| in_step(e, "ready: RTR -> RTS"))
+    }
+
+    /// RESET → INIT with the INIT attributes of `opts`; nothing for a QP already in INIT.
+    /// Errors: `EINVAL` for any other state. Used by [`connect`](Self::connect) and
+    /// [`ready`](Self::ready).
+    fn bring_up_to_init(&mut self, opts: &ConnectOpts) -> Result<()> {
+        match self.state() {
+            QpState::Init => Ok(()),
+            QpState::Reset => {
+                let init = QpAttr {
+                    state: QpState::Init,
+                    port_num: opts.port_num,
+                    pkey_index: opts.pkey_index,
+                    access: opts.access,
+                    qkey: opts.qkey,
+                    ..Default::default()
+                };
+                self.modify(&init).map_err(|e| in_step(e, "RESET -> INIT"))
+            }
+            s => Err(Error::new(Errno::EINVAL, format!("bring-up needs a QP in RESET or INIT; this one is in {s:?}"))),
+        }
+    }
 }
 
 /// A shared receive queue.

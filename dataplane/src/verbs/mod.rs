@@ -6,6 +6,7 @@
 //! each sentence of those pages to the test that checks it.
 
 mod access;
+mod connect;
 mod device;
 mod error;
 mod opcode;
@@ -16,6 +17,7 @@ mod wc;
 mod wr;
 
 pub use access::AccessFlags;
+pub use connect::{ConnectOpts, PeerAddr};
 pub use device::{AsyncEvent, AsyncEventKind, DeviceCaps, PortAttr, PortState};
 pub use error::{Errno, Error, PostError, Result};
 pub use opcode::{WcOpcode, WrOpcode};
