@@ -138,6 +138,13 @@ pub fn text(r: &RunReport) -> String {
             );
         }
     }
+    for s in r.workers.iter().flat_map(|w| &w.stages).filter(|s| !s.report.values.is_empty()) {
+        let _ = write!(o, "{:<12} {:<10}", s.name, s.kind);
+        for (k, v) in &s.report.values {
+            let _ = write!(o, " {k} {v}");
+        }
+        o.push('\n');
+    }
     for p in &r.pools {
         let _ = writeln!(
             o,
@@ -220,7 +227,7 @@ pub fn json(r: &RunReport) -> String {
             let _ = write!(
                 o,
                 "{{\"name\":{},\"kind\":{},\"msgs\":{},\"bytes\":{},\"msgs_per_s\":{},\"msgs_out\":{},\"bytes_out\":{},\
-                 \"dropped\":{},\"gaps\":{},\"duplicates\":{},\"latency_ns\":",
+                 \"dropped\":{},\"gaps\":{},\"duplicates\":{},",
                 js(&s.name),
                 js(&s.kind),
                 s.msgs_in,
@@ -232,6 +239,15 @@ pub fn json(r: &RunReport) -> String {
                 s.report.gaps,
                 s.report.duplicates
             );
+            if !s.report.values.is_empty() {
+                o.push_str("\"values\":{");
+                for (i, (k, v)) in s.report.values.iter().enumerate() {
+                    let _ = write!(o, "{}{}:{v}", if i > 0 { "," } else { "" }, js(k));
+                }
+                o.push_str("},\"latency_ns\":");
+            } else {
+                o.push_str("\"latency_ns\":");
+            }
             match latency(s) {
                 Some((n, a, b, c, d)) => {
                     let _ = write!(o, "{{\"count\":{n},\"p50\":{a},\"p99\":{b},\"p999\":{c},\"max\":{d}}}}}");

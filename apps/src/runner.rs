@@ -22,7 +22,7 @@ use dataplane::rdma::{Rdma, RdmaConfig};
 use dataplane::shm::{Shm, ShmConfig};
 use dataplane::verbs::{AccessFlags, QpType};
 use dataplane::worker::idle::IdleKind;
-use dataplane::worker::stats::WorkerStats;
+use dataplane::worker::stats::{QpStats, WorkerStats};
 use dataplane::worker::{Control, PeerAddr, QpParams, Worker, WorkerParams, WorkerReport};
 use dataplane::{Context, Mr, Pd, Provider};
 use dataplane_config::{Config, HugepagePolicy, IdlePolicy, PageSize, Peer, ProviderKind, StageKind, Transport};
@@ -170,6 +170,14 @@ where
         if opts.no_stats { None } else { Some(stats::export::export(&mut b.workers, &stats::stats_dir(), name)?) };
     let links = exchange::connect_remote::<P>(cfg, &pd, &mut b.workers, &b.qps, route, interrupt)?;
     let stats: Vec<WorkerStats> = b.workers.iter().map(|w| w.stats()).collect();
+    // The drain waits for what a reliable transport delivers: messages on RC QPs. A UD
+    // datagram may be lost (no receive posted, as on a NIC), so UD QPs are not waited for.
+    let reliable: Vec<QpStats> = cfg
+        .qps
+        .iter()
+        .filter(|q| *q.transport != Transport::Ud)
+        .filter_map(|q| b.qps.get(q.name.as_str()).map(|&(w, i)| b.workers[w].qp_stats(i)))
+        .collect();
 
     // Start.
     let start = Instant::now();
@@ -194,6 +202,8 @@ where
     let total = |stats: &[WorkerStats]| -> (u64, u64) {
         stats.iter().fold((0, 0), |(t, r), s| (t + s.tx_msgs.get(), r + s.rx_msgs.get()))
     };
+    let in_flight =
+        || -> (u64, u64) { reliable.iter().fold((0, 0), |(t, r), s| (t + s.tx_msgs.get(), r + s.rx_msgs.get())) };
     let mut last = (0, 0);
     let mut quiet_since = Instant::now();
     let mut interrupted = false;
@@ -238,10 +248,10 @@ where
     let mut stable = 0;
     while Instant::now() < deadline && !ctl.stop.load(Ordering::Acquire) {
         std::thread::sleep(Duration::from_millis(20));
-        let now = total(&stats);
+        let (now, reliable_now) = (total(&stats), in_flight());
         stable = if now == last { stable + 1 } else { 0 };
         last = now;
-        if now.0 == now.1 && stable >= 2 {
+        if reliable_now.0 == reliable_now.1 && stable >= 2 {
             drained = true;
             break;
         }

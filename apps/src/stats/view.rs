@@ -213,8 +213,8 @@ impl View<'_> {
         }
         let _ = writeln!(
             o,
-            "{:<12} {:<12} {:<10} {:>12} {:>10} {:>12} {:>10}  latency ns p50 / p99 / p99.9 / max",
-            "stage", "worker", "kind", "msgs in", "in/s", "msgs out", "consumed"
+            "{:<12} {:<12} {:<10} {:>12} {:>10} {:>12} {:>10} {:>8} {:>6}  latency ns p50 / p99 / p99.9 / max",
+            "stage", "worker", "kind", "msgs in", "in/s", "msgs out", "consumed", "gaps", "dups"
         );
         for (wi, w) in self.now.workers.iter().enumerate() {
             for (si, s) in w.stages.iter().enumerate() {
@@ -227,7 +227,7 @@ impl View<'_> {
                 };
                 let _ = writeln!(
                     o,
-                    "{:<12} {:<12} {:<10} {:>12} {:>10.0} {:>12} {:>10}  {}",
+                    "{:<12} {:<12} {:<10} {:>12} {:>10.0} {:>12} {:>10} {:>8} {:>6}  {}",
                     s.name,
                     w.name,
                     s.kind,
@@ -235,6 +235,8 @@ impl View<'_> {
                     self.rate(&p, "msgs_in"),
                     p.total("msgs_out"),
                     p.total("dropped"),
+                    p.total("gaps"),
+                    p.total("duplicates"),
                     lat
                 );
             }

@@ -92,9 +92,11 @@ impl Handler for Sink {
                     self.expected += 1;
                 } else if seq > self.expected {
                     self.gaps += seq - self.expected;
+                    cx.stats().gaps.add(seq - self.expected);
                     self.expected = seq + 1;
                 } else {
                     self.duplicates += 1;
+                    cx.stats().duplicates.add(1);
                 }
             }
             if let Some(h) = &mut self.hist {
@@ -112,7 +114,7 @@ impl Handler for Sink {
     }
 
     fn report(&self) -> StageReport {
-        StageReport { gaps: self.gaps, duplicates: self.duplicates, latency: self.hist.clone() }
+        StageReport { gaps: self.gaps, duplicates: self.duplicates, latency: self.hist.clone(), values: Vec::new() }
     }
 }
 

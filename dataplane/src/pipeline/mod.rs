@@ -103,6 +103,9 @@ pub struct StageReport {
     pub duplicates: u64,
     /// Latencies in nanoseconds (sinks with a histogram).
     pub latency: Option<hdrhistogram::Histogram<u64>>,
+    /// Anything else the stage wants in the summary, by name (e.g. a feed handler's book
+    /// digest): printed after the stage table and as `"values"` in the JSON summary.
+    pub values: Vec<(&'static str, u64)>,
 }
 
 /// The work queue of one worker: messages waiting to be posted to a QP or handled by a
@@ -225,6 +228,19 @@ impl StageCx<'_> {
         }
         let buf = self.cache.get()?;
         Some(Msg { buf, off: 0, len: len as u32, qp: u16::MAX })
+    }
+
+    /// Sets `m`'s payload length to `len` (shorter, or longer up to the end of its buffer:
+    /// the bytes past the old length are whatever the buffer held). Returns `false`, leaving
+    /// `m` unchanged, if `len` does not fit in the buffer. Lets a stage build a message of a
+    /// size it learns while writing it, or rewrite one in place into a longer one.
+    #[inline]
+    pub fn set_len(&self, m: &mut Msg, len: usize) -> bool {
+        if len > (self.max_len as usize).saturating_sub(m.off as usize) {
+            return false;
+        }
+        m.len = len as u32;
+        true
     }
 
     /// A copy of `m`'s payload at the start of a new buffer.

@@ -363,6 +363,11 @@ impl<P: Provider> Worker<P> {
         self.stats.clone()
     }
 
+    /// QP `i`'s counters (shared: they keep counting while the worker runs).
+    pub fn qp_stats(&self, i: usize) -> stats::QpStats {
+        self.batches[i].stats.clone()
+    }
+
     /// The worker's counter blocks by name, for an exporter to lay out its memory.
     pub fn stats_shape(&self) -> StatsShape {
         StatsShape {

@@ -170,6 +170,11 @@ counter_block! {
         bytes_out,
         /// Messages the stage dropped on purpose (sinks count consumed messages here).
         dropped,
+        /// Sequence numbers missing, as the stage counts them (sinks with `verify_sequence`,
+        /// feed handlers).
+        gaps,
+        /// Sequence numbers seen twice or out of order.
+        duplicates,
     }
 }
 
