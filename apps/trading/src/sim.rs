@@ -2,8 +2,9 @@
 //! the same seed and parameters (so a book rebuilt offline can be compared with the one the
 //! pipeline built).
 //!
-//! Each instrument's mid price random-walks on the band's grid; new orders rest 1-8 ticks
-//! behind the mid on their side; live orders are executed, partly cancelled, deleted or
+//! Each instrument has a fixed mid price in the band's middle; new orders rest 1-8 ticks
+//! behind it on their side (so the book never crosses, and its top moves as levels fill and
+//! empty); live orders are executed, partly cancelled, deleted or
 //! replaced at random; now and then a non-displayed trade prints. The first message is a
 //! System Event `O` (start of messages). Allocation happens only at construction.
 
@@ -85,7 +86,8 @@ impl Sim {
         let n = p.instruments.max(1);
         Sim {
             rng: Rng::new(p.seed),
-            mids: vec![p.band.levels / 2; n as usize],
+            // Instruments spread over the band's middle half, a few ticks apart.
+            mids: (0..u32::from(n)).map(|i| p.band.levels / 4 + (i * 7) % (p.band.levels / 2).max(1)).collect(),
             live: Vec::with_capacity(p.max_live),
             next_ref: 1,
             next_match: 1,
@@ -117,12 +119,6 @@ impl Sim {
             return m;
         }
         let r = self.rng.below(100);
-        // Random walk of one mid, inside the band's middle half.
-        if r < 5 {
-            let i = self.rng.below(u64::from(self.p.instruments)) as usize;
-            let (lo, hi) = (self.p.band.levels / 4, self.p.band.levels * 3 / 4);
-            self.mids[i] = if self.rng.below(2) == 0 { (self.mids[i] + 1).min(hi) } else { (self.mids[i] - 1).max(lo) };
-        }
         let want_add = self.live.len() < 16 || (r < 45 && self.live.len() < self.p.max_live);
         if want_add {
             let locate = 1 + self.rng.below(u64::from(self.p.instruments)) as u16;

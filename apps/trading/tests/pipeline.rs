@@ -63,9 +63,9 @@ fn gaps(r: &RunReport, stage: &str) -> u64 {
 
 /// The books after `MESSAGES` messages of the model, built without any pipeline.
 fn offline_digest() -> u64 {
-    let p = SimParams { seed: 7, instruments: 8, band: band(&BandParams::default()), max_live: 65_536 };
+    let p = SimParams { seed: 7, instruments: 8, band: band(&BandParams::default()), max_live: 2048 };
     let mut sim = Sim::new(p);
-    let mut books = Books::new(8, p.band, 65_536);
+    let mut books = Books::new(8, p.band, 16_384);
     for _ in 0..MESSAGES {
         books.apply(&sim.next(0));
     }

@@ -116,9 +116,10 @@ pub struct StrategyParams {
     /// Instruments, as the feed's. Default: 8.
     #[serde(default = "d::instruments")]
     pub instruments: u16,
-    /// One side must show this many times the other's shares. Default: 3.
+    /// One side must show at least this percentage of the other's shares (more than 100).
+    /// Default: 300.
     #[serde(default = "d::imbalance")]
-    pub imbalance: u32,
+    pub imbalance_pct: u32,
     /// Widest spread traded, in ticks. Default: 2.
     #[serde(default = "d::max_spread")]
     pub max_spread_ticks: u32,
@@ -189,7 +190,7 @@ mod d {
         65_536
     }
     pub fn imbalance() -> u32 {
-        3
+        300
     }
     pub fn max_spread() -> u32 {
         2
@@ -266,8 +267,14 @@ pub fn registry() -> Result<Registry, RegistryError> {
     )?;
     r.register("strategy", KindShape::filter(), "top-of-book imbalance to order intents", |p: StrategyParams, _| {
         check_instruments(p.instruments)?;
-        if p.imbalance == 0 || p.tick == 0 || p.order_shares == 0 {
-            return Err("imbalance, tick and order_shares must be at least 1".into());
+        if p.imbalance_pct <= 100 {
+            return Err(format!(
+                "imbalance_pct = {}: more than 100 (one side must outweigh the other)",
+                p.imbalance_pct
+            ));
+        }
+        if p.tick == 0 || p.order_shares == 0 {
+            return Err("tick and order_shares must be at least 1".into());
         }
         Ok(Box::new(Strategy::new(p)))
     })?;

@@ -1,6 +1,6 @@
 //! `strategy`: turns top-of-book changes into orders. The rule is deliberately simple: when an
-//! instrument's spread is at most `max_spread_ticks` and one side shows at least `imbalance`
-//! times the shares of the other, take the thin side (buy at the offer when bids dominate,
+//! instrument's spread is at most `max_spread_ticks` and one side shows at least
+//! `imbalance_pct` percent of the other's shares, take the thin side (buy at the offer when bids dominate,
 //! sell at the bid when offers do), `order_shares` at a time, at most once per `cooldown_us`
 //! per instrument. The change event's buffer becomes the order intent (no copy).
 
@@ -33,10 +33,10 @@ impl Strategy {
         if *last != 0 && now.saturating_sub(*last) < self.p.cooldown_us * 1000 {
             return None;
         }
-        let k = u64::from(self.p.imbalance);
-        let (side, price) = if bq >= k * aq {
+        let k = u64::from(self.p.imbalance_pct);
+        let (side, price) = if bq * 100 >= k * aq {
             (Side::Buy, ap)
-        } else if aq >= k * bq {
+        } else if aq * 100 >= k * bq {
             (Side::Sell, bp)
         } else {
             return None;
