@@ -7,6 +7,7 @@
 pub mod exchange;
 pub mod json;
 pub mod limits;
+pub mod logging;
 pub mod report;
 pub mod runner;
 pub mod stats;

@@ -88,6 +88,7 @@ fn load(file: &PathBuf) -> Result<Config, ()> {
 }
 
 fn main() {
+    dataplane_apps::logging::init();
     let cli = Cli::parse();
     match cli.cmd {
         Cmd::Check { file } => match load(&file) {

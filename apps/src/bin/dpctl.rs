@@ -77,6 +77,7 @@ struct Target {
 }
 
 fn main() {
+    dataplane_apps::logging::init();
     let cli = Cli::parse();
     let dir = cli.dir.unwrap_or_else(stats_dir);
     let res = match cli.cmd.unwrap_or(Cmd::Stats(cli.target)) {
