@@ -12,8 +12,19 @@ use std::fmt;
 /// Any raw value can be carried, so the `rdma` provider passes the kernel's errno through
 /// unchanged ([`Errno::from_raw`]); the constants name the values the verbs document, and a
 /// caller matches on them (`e.errno == Errno::EINVAL`, or in a pattern).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Errno(i32);
+
+/// The symbol (`EINVAL`), as the enum this type replaced printed it, so failed assertions on
+/// errno values stay readable; `Errno(71)` for a value without a constant here.
+impl fmt::Debug for Errno {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.name() {
+            Some(name) => f.write_str(name),
+            None => write!(f, "Errno({})", self.0),
+        }
+    }
+}
 
 /// Declares each named errno once: its constant and its symbol come from the same line.
 macro_rules! errnos {
@@ -161,6 +172,7 @@ mod tests {
         assert_eq!(e.raw(), libc::EPROTO);
         assert_ne!(e, Errno::EIO);
         assert_eq!(e.name(), None);
+        assert_eq!(format!("{e:?}"), format!("Errno({})", libc::EPROTO));
         assert_eq!(e.to_string(), std::io::Error::from_raw_os_error(libc::EPROTO).to_string());
     }
 
@@ -175,6 +187,7 @@ mod tests {
             assert_eq!(e.raw(), raw);
             assert_eq!(e.name(), Some(name));
             assert_eq!(e.to_string(), name);
+            assert_eq!(format!("{e:?}"), name);
         }
     }
 
