@@ -108,6 +108,7 @@ fn load(registry: &Registry, file: &Path) -> Result<Config, ()> {
 /// the program's own): parses the process's arguments, does what they say, and returns the
 /// exit status (see the module documentation).
 pub fn main(registry: Registry) -> ExitCode {
+    crate::logging::init();
     // Usage and errors name the program as it was started.
     let bin = std::env::args_os()
         .next()

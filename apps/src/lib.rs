@@ -8,6 +8,7 @@ pub mod cli;
 pub mod exchange;
 pub mod json;
 pub mod limits;
+pub mod logging;
 pub mod report;
 pub mod runner;
 pub mod stages;

@@ -216,6 +216,11 @@ fn a_killed_run_leaves_a_stale_segment_that_dpctl_reports_and_cleans() {
 
     let list = dpctl(&dir, &["list"]);
     assert!(stdout(&list).contains("STALE") && stdout(&list).contains(&fabric), "{}", stdout(&list));
+    // A dead process has no uptime: "up N s" would keep growing after it died.
+    assert!(stdout(&list).contains(&format!("dead (pid {pid} gone)")), "{}", stdout(&list));
+    assert!(!stdout(&list).contains(" up "), "uptime shown for a dead process: {}", stdout(&list));
+    let listed = parse(&dpctl(&dir, &["list", "--json"]));
+    assert_eq!(listed.get("segments").arr()[0].get("uptime_s"), &Json::Null, "{listed:?}");
     let none = dpctl(&dir, &["stats"]);
     assert_eq!(none.status.code(), Some(1));
     assert!(stderr(&none).contains("no running pipeline") && stderr(&none).contains("1 stale"), "{}", stderr(&none));

@@ -135,3 +135,39 @@ fn listen_address_in_use_is_a_clear_error() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains(&format!("qp server-qp: cannot listen on {addr}:")), "{stderr}");
 }
+
+/// A peer process killed during the endpoint exchange: the surviving side says the peer closed
+/// the connection (its process ended or was killed), not that the QP counts may differ. The
+/// peer is a shell that connected, sent its one connection message, read the server's answer
+/// and waits (as a client does while it brings its QPs up); SIGKILL closes its socket as it
+/// would a `dataplane` client's. (A peer killed with the answer unread resets the connection
+/// instead: the unit tests in `exchange.rs` cover both.)
+#[test]
+fn a_peer_killed_during_the_exchange_is_reported_as_gone() {
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let cfg = example_with("killed", "remote-server.toml", &[("127.0.0.1:7470", &addr)]);
+    let server = spawn(&cfg, &format!("test-remote-killed-{}", std::process::id()), &[]);
+    let msg = dataplane::conn::encode(&dataplane::verbs::Endpoint { lid: 0, qpn: 0x0010_0001, psn: 1, gid: [0; 16] });
+    let msg_file = cfg.with_extension("msg");
+    std::fs::write(&msg_file, msg).unwrap();
+    // Retries until the server listens, sends the message, reads the answer, waits to be killed.
+    let script = format!(
+        "until exec 3<>/dev/tcp/127.0.0.1/{port}; do sleep 0.05; done 2>/dev/null; cat {} >&3; \
+         head -c {} <&3 >/dev/null; sleep 60",
+        msg_file.display(),
+        dataplane::conn::MSG_LEN
+    );
+    let mut peer = Command::new("bash").args(["-c", &script]).stderr(Stdio::null()).spawn().unwrap();
+    // Long enough for the exchange to reach the peer's wait; were it slower, the kill would
+    // still end it with the same report (a reset or an end of file mid-exchange).
+    std::thread::sleep(Duration::from_millis(500));
+    peer.kill().unwrap();
+    let _ = peer.wait();
+    let out = wait(server, Duration::from_secs(30), "server");
+    let _ = std::fs::remove_file(&msg_file);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("the remote peer closed the connection before the exchange finished"), "{stderr}");
+    assert!(!stderr.contains("number of QPs"), "misleading hint: {stderr}");
+}

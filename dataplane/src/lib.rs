@@ -8,8 +8,10 @@
 //!   The poster's CPU is the DMA engine. The embedded default; needs no setup.
 //! - [`rdma`]: rdma-core's libibverbs, for real NICs and Soft-RoCE, loaded at run time.
 //!
-//! Start with [`verbs`] (the model) and [`provider`] (the traits), then `examples` in
-//! `apps/`.
+//! Start with [`verbs`] (the model) and [`provider`] (the traits), then the programs in
+//! `apps/src/bin/`: `shm-pingpong.rs` (the verbs by hand, smallest), `dp-pingpong.rs` (generic
+//! over the provider) and `dataplane.rs` (the pipeline runner over [`worker`] and
+//! [`pipeline`]); docs/ describes each provider and the runtime.
 
 #![warn(missing_docs)]
 

@@ -2,7 +2,8 @@
 //!
 //! A [`Provider`] names the concrete types of one engine (`shm`, `rdma`). Code that must run
 //! on either is generic over `P: Provider` and is monomorphized per provider, so the hot path
-//! has no dynamic dispatch and no branch on the provider (architecture.md).
+//! has no dynamic dispatch and no branch on the provider (docs/runtime.md, "Stages": the only
+//! indirect call is at the user-code boundary).
 //!
 //! Resources are reference counted the way rust-ibverbs does it: a QP keeps its CQs, SRQ and
 //! PD alive, an MR keeps its PD and memory alive, so no handle can outlive what it points into.

@@ -20,6 +20,7 @@ struct Args {
 }
 
 fn main() {
+    dataplane_apps::logging::init();
     let args = Args::parse();
     let devices = match list_devices() {
         Ok(d) => d,

@@ -69,6 +69,7 @@ fn pin(core: usize) {
 }
 
 fn main() {
+    dataplane_apps::logging::init();
     let args = Args::parse();
     match args.test {
         Test::Pingpong { iters } => pingpong(&args, iters),

@@ -294,6 +294,7 @@ fn gid_str(g: &[u8; 16]) -> String {
 }
 
 fn main() {
+    dataplane_apps::logging::init();
     let args = Args::parse();
     if let Err(e) = run(&args) {
         eprintln!("dp-pingpong: {e}");

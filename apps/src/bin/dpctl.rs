@@ -4,7 +4,7 @@
 //! ```text
 //! dpctl [stats] [NAME | PID | PATH] [--pid N] [--json]     counters since the start
 //! dpctl watch   [NAME | PID | PATH] [-i 1s] [-n COUNT] [--json]   refreshed, rates per interval
-//! dpctl list    [--json]                                  every segment, live or stale
+//! dpctl list    [--json]                                  every segment, live or stale (dead pid, no uptime)
 //! dpctl clean                                             removes stale segments
 //! ```
 //!
@@ -16,7 +16,7 @@ use clap::{Args, Parser, Subcommand};
 use dataplane_apps::json::{number, string};
 use dataplane_apps::stats::read::{list, Listed, Segment, Snapshot};
 use dataplane_apps::stats::view::View;
-use dataplane_apps::stats::{file_name, stats_dir};
+use dataplane_apps::stats::{file_name, proc_start_ticks, stats_dir};
 use dataplane_config::HumanDuration;
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -77,6 +77,7 @@ struct Target {
 }
 
 fn main() {
+    dataplane_apps::logging::init();
     let cli = Cli::parse();
     let dir = cli.dir.unwrap_or_else(stats_dir);
     let res = match cli.cmd.unwrap_or(Cmd::Stats(cli.target)) {
@@ -206,18 +207,32 @@ fn select(dir: &Path, t: &Target) -> Result<Segment, String> {
     }
 }
 
-/// One line of `dpctl list`.
+/// Why a stale segment's writer is not running: gone, or its pid now names another process.
+fn dead(pid: u64) -> String {
+    let reused = u32::try_from(pid).ok().and_then(proc_start_ticks).is_some();
+    if reused {
+        format!("dead (pid {pid} now another process)")
+    } else {
+        format!("dead (pid {pid} gone)")
+    }
+}
+
+/// One line of `dpctl list`. A stale segment shows no uptime: its start time is known but not
+/// when its process died, so "up" would grow for ever.
 fn line(l: &Listed) -> String {
     match &l.segment {
         Ok(s) => {
             let h = s.header();
             let snap = s.snapshot();
+            let status = if l.stale() {
+                format!("STALE {}", dead(h.pid))
+            } else {
+                format!("{:<9} up {:>9.1} s", snap.state.name(), snap.uptime.as_secs_f64())
+            };
             format!(
-                "{:<20} pid {:<8} {:<9} up {:>9.1} s  workers {}  {}",
+                "{:<20} pid {:<8} {status}  workers {}  {}",
                 h.name,
                 h.pid,
-                if l.stale() { "STALE" } else { snap.state.name() },
-                snap.uptime.as_secs_f64(),
                 s.worker_names().join(","),
                 l.path.display()
             )
@@ -250,7 +265,8 @@ fn list_cmd(dir: &Path, json: bool) -> Result<(), String> {
                         h.pid,
                         l.stale(),
                         string(snap.state.name()),
-                        number(snap.uptime.as_secs_f64()),
+                        // Unknown for a dead writer (see `line`).
+                        if l.stale() { "null".to_owned() } else { number(snap.uptime.as_secs_f64()) },
                         names.join(",")
                     )
                 }

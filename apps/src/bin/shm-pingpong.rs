@@ -155,8 +155,8 @@ fn drain_send(e: &mut End, wc: &mut [WorkCompletion]) {
 }
 
 fn main() {
+    dataplane_apps::logging::init();
     let args = Args::parse();
-    tracing_subscriber::fmt().with_writer(std::io::stderr).init();
     match args.role.as_deref() {
         Some("server") => server(&args),
         None => client(&args),

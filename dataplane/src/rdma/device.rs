@@ -63,7 +63,7 @@ pub fn open_device_by_name(name: &str) -> Result<DeviceContext> {
             None => {
                 let errno = std::io::Error::last_os_error();
                 Err(Error::new(
-                    Errno::from_raw(errno.raw_os_error().unwrap_or(0)),
+                    Errno::from_raw(errno.raw_os_error().unwrap_or(libc::EIO)),
                     format!("ibv_open_device(\"{name}\") failed: {errno}"),
                 ))
             }

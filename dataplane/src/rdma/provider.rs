@@ -1060,7 +1060,7 @@ impl RdmaQp {
         let qp = unsafe { (pd.ctx.v.create_qp)(pd.pd.as_ptr(), &mut ia) };
         let qp = NonNull::new(qp).ok_or_else(|| {
             let errno = last_errno();
-            Error::new(errno, format!("ibv_create_qp failed ({}) for caps {c:?}", errno.name()))
+            Error::new(errno, format!("ibv_create_qp failed ({errno}) for caps {c:?}"))
         })?;
         // SAFETY: `qp` is live.
         let qpn = unsafe { (*qp.as_ptr()).qp_num };

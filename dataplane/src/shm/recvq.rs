@@ -75,7 +75,14 @@ fn validate_with(
             }
         };
         if mr.translate(f, s.addr, recv_sge_len(s)).is_none() {
-            return Err(PostError::new(Errno::EINVAL, i, "SGE outside its memory region"));
+            // Length 0 is the special 2^31; say so, since a caller who meant "no bytes" would
+            // otherwise look for a wrong address.
+            let why = if s.length == 0 {
+                "SGE outside its memory region (its length 0 was read as 2^31 bytes, as verbs define it for receives)"
+            } else {
+                "SGE outside its memory region"
+            };
+            return Err(PostError::new(Errno::EINVAL, i, why));
         }
     }
     Ok(())

@@ -7,89 +7,100 @@
 
 use std::fmt;
 
-/// The errno values the verbs use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(i32)]
-pub enum Errno {
+/// An errno value as a verb returns it.
+///
+/// Any raw value can be carried, so the `rdma` provider passes the kernel's errno through
+/// unchanged ([`Errno::from_raw`]); the constants name the values the verbs document, and a
+/// caller matches on them (`e.errno == Errno::EINVAL`, or in a pattern).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Errno(i32);
+
+/// The symbol (`EINVAL`), as the enum this type replaced printed it, so failed assertions on
+/// errno values stay readable; `Errno(71)` for a value without a constant here.
+impl fmt::Debug for Errno {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.name() {
+            Some(name) => f.write_str(name),
+            None => write!(f, "Errno({})", self.0),
+        }
+    }
+}
+
+/// Declares each named errno once: its constant and its symbol come from the same line.
+macro_rules! errnos {
+    ($($(#[doc = $doc:literal])* $name:ident,)*) => {
+        impl Errno {
+            $(
+                $(#[doc = $doc])*
+                pub const $name: Errno = Errno(libc::$name);
+            )*
+
+            /// The errno symbol, e.g. `Some("EINVAL")`; `None` for a value without a constant
+            /// here (it still displays, as its number and the C library's text).
+            pub fn name(self) -> Option<&'static str> {
+                match self.0 {
+                    $(libc::$name => Some(stringify!($name)),)*
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+errnos! {
     /// Operation not permitted.
-    EPERM = libc::EPERM,
+    EPERM,
     /// No such file or directory (missing fabric, device file).
-    ENOENT = libc::ENOENT,
+    ENOENT,
     /// Interrupted system call.
-    EINTR = libc::EINTR,
+    EINTR,
     /// I/O error (a CQ in error, a dead peer).
-    EIO = libc::EIO,
+    EIO,
     /// Try again: nothing available now (no async event, no completion to wait for).
-    EAGAIN = libc::EAGAIN,
+    EAGAIN,
     /// Out of memory, or a queue is full.
-    ENOMEM = libc::ENOMEM,
+    ENOMEM,
     /// Permission denied.
-    EACCES = libc::EACCES,
+    EACCES,
     /// Bad address: a buffer or handle that does not belong to this object.
-    EFAULT = libc::EFAULT,
+    EFAULT,
     /// Resource busy (an object still in use, e.g. a CQ with QPs attached).
-    EBUSY = libc::EBUSY,
+    EBUSY,
     /// Already exists.
-    EEXIST = libc::EEXIST,
+    EEXIST,
     /// No such device.
-    ENODEV = libc::ENODEV,
+    ENODEV,
     /// Invalid argument: a bad value in a work request or an attribute.
-    EINVAL = libc::EINVAL,
+    EINVAL,
     /// No space left (fabric arena exhausted).
-    ENOSPC = libc::ENOSPC,
+    ENOSPC,
     /// Function not implemented (a kernel without InfiniBand).
-    ENOSYS = libc::ENOSYS,
+    ENOSYS,
     /// Operation not supported by this provider or device.
-    EOPNOTSUPP = libc::EOPNOTSUPP,
+    EOPNOTSUPP,
     /// Timed out.
-    ETIMEDOUT = libc::ETIMEDOUT,
+    ETIMEDOUT,
 }
 
 impl Errno {
     /// The raw errno value.
     pub fn raw(self) -> i32 {
-        self as i32
+        self.0
     }
 
-    /// Maps a raw errno value; unknown values become `EIO`.
+    /// The errno for a raw value, unchanged whether or not it has a constant here.
     pub fn from_raw(v: i32) -> Errno {
-        use Errno::*;
-        [
-            EPERM, ENOENT, EINTR, EIO, EAGAIN, ENOMEM, EACCES, EFAULT, EBUSY, EEXIST, ENODEV, EINVAL, ENOSPC, ENOSYS,
-            EOPNOTSUPP, ETIMEDOUT,
-        ]
-        .into_iter()
-        .find(|e| e.raw() == v)
-        .unwrap_or(EIO)
-    }
-
-    /// The errno symbol, e.g. `"EINVAL"`.
-    pub fn name(self) -> &'static str {
-        use Errno::*;
-        match self {
-            EPERM => "EPERM",
-            ENOENT => "ENOENT",
-            EINTR => "EINTR",
-            EIO => "EIO",
-            EAGAIN => "EAGAIN",
-            ENOMEM => "ENOMEM",
-            EACCES => "EACCES",
-            EFAULT => "EFAULT",
-            EBUSY => "EBUSY",
-            EEXIST => "EEXIST",
-            ENODEV => "ENODEV",
-            EINVAL => "EINVAL",
-            ENOSPC => "ENOSPC",
-            ENOSYS => "ENOSYS",
-            EOPNOTSUPP => "EOPNOTSUPP",
-            ETIMEDOUT => "ETIMEDOUT",
-        }
+        Errno(v)
     }
 }
 
 impl fmt::Display for Errno {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+        match self.name() {
+            Some(name) => f.write_str(name),
+            // e.g. "Protocol error (os error 71)": the number and what the C library calls it.
+            None => write!(f, "{}", std::io::Error::from_raw_os_error(self.0)),
+        }
     }
 }
 
@@ -108,14 +119,6 @@ impl Error {
     pub fn new(errno: Errno, msg: impl Into<String>) -> Error {
         Error { errno, msg: msg.into() }
     }
-}
-
-/// Shorthand for building an [`Error`] with `format!` arguments.
-#[macro_export]
-macro_rules! verr {
-    ($errno:ident, $($arg:tt)*) => {
-        $crate::verbs::Error::new($crate::verbs::Errno::$errno, format!($($arg)*))
-    };
 }
 
 /// Result of a control-path verb.
@@ -155,5 +158,43 @@ impl std::error::Error for PostError {}
 impl From<PostError> for Error {
     fn from(e: PostError) -> Error {
         Error::new(e.errno, e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn from_raw_passes_an_unknown_errno_through_unchanged() {
+        // EPROTO has no constant here; the kernel's value must survive, not turn into EIO.
+        let e = Errno::from_raw(libc::EPROTO);
+        assert_eq!(e.raw(), libc::EPROTO);
+        assert_ne!(e, Errno::EIO);
+        assert_eq!(e.name(), None);
+        assert_eq!(format!("{e:?}"), format!("Errno({})", libc::EPROTO));
+        assert_eq!(e.to_string(), std::io::Error::from_raw_os_error(libc::EPROTO).to_string());
+    }
+
+    #[test]
+    fn named_errnos_round_trip_with_their_symbol() {
+        for (e, raw, name) in [
+            (Errno::EINVAL, libc::EINVAL, "EINVAL"),
+            (Errno::EOPNOTSUPP, libc::EOPNOTSUPP, "EOPNOTSUPP"),
+            (Errno::ETIMEDOUT, libc::ETIMEDOUT, "ETIMEDOUT"),
+        ] {
+            assert_eq!(Errno::from_raw(raw), e);
+            assert_eq!(e.raw(), raw);
+            assert_eq!(e.name(), Some(name));
+            assert_eq!(e.to_string(), name);
+            assert_eq!(format!("{e:?}"), name);
+        }
+    }
+
+    #[test]
+    fn error_display_names_errno_and_message() {
+        assert_eq!(Error::new(Errno::EINVAL, "bad max_wr").to_string(), "EINVAL: bad max_wr");
+        let kernel = Error::new(Errno::from_raw(libc::EPROTO), "ibv_modify_qp failed");
+        assert!(kernel.to_string().contains(&format!("os error {}", libc::EPROTO)), "{kernel}");
     }
 }

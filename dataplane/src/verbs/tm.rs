@@ -99,60 +99,15 @@ impl OpsWr {
     }
 }
 
-/// A list of ops work requests posted with one call. `post_srq_ops` writes TAG_ADD handles
-/// back into it.
-#[derive(Debug, Clone, Default)]
-pub struct OpsChain {
-    wrs: Vec<OpsWr>,
-    sges: Vec<Sge>,
-}
+super::wr::chain!(
+    /// A list of ops work requests posted with one call. `post_srq_ops` writes TAG_ADD handles
+    /// back into it (read them with [`OpsChain::wrs`] after posting).
+    OpsChain,
+    OpsWr
+);
 
 impl OpsChain {
-    /// An empty chain.
-    pub fn new() -> OpsChain {
-        OpsChain::default()
-    }
-
-    /// Empties the chain, keeping its capacity.
-    pub fn clear(&mut self) {
-        self.wrs.clear();
-        self.sges.clear();
-    }
-
-    /// Appends `wr` with its buffers (TAG_ADD; empty for the others).
-    pub fn push(&mut self, mut wr: OpsWr, sges: &[Sge]) -> &mut OpsChain {
-        wr.sge_start = self.sges.len() as u32;
-        wr.num_sge = sges.len() as u32;
-        self.sges.extend_from_slice(sges);
-        self.wrs.push(wr);
-        self
-    }
-
-    /// Number of requests.
-    pub fn len(&self) -> usize {
-        self.wrs.len()
-    }
-
-    /// Whether the chain is empty.
-    pub fn is_empty(&self) -> bool {
-        self.wrs.is_empty()
-    }
-
-    /// The requests (after posting, TAG_ADDs carry their handles).
-    pub fn wrs(&self) -> &[OpsWr] {
-        &self.wrs
-    }
-
-    /// Mutable access to the requests (providers write handles).
-    pub fn wrs_mut(&mut self) -> &mut [OpsWr] {
-        &mut self.wrs
-    }
-
-    /// The SGEs of request `i`.
-    pub fn sges(&self, i: usize) -> &[Sge] {
-        let w = &self.wrs[i];
-        &self.sges[w.sge_start as usize..(w.sge_start + w.num_sge) as usize]
-    }
+    fn reset_extra(_: &mut OpsWr) {}
 }
 
 /// Operation in a tag header (`enum ibv_tmh_op`).
@@ -230,5 +185,19 @@ mod tests {
         let mut bad = b;
         bad[0] = 9;
         assert_eq!(Tmh::from_bytes(&bad), None);
+    }
+
+    #[test]
+    fn ops_chain_keeps_each_requests_sges_and_its_capacity() {
+        let mut c = OpsChain::with_capacity(2, 1);
+        c.push(OpsWr::add(1, 10, 0xab, !0), &[Sge::new(0x1000, 64, 7)]);
+        c.push(OpsWr::del(2, 5), &[]);
+        assert_eq!(c.len(), 2);
+        assert_eq!(c.sges(0), &[Sge::new(0x1000, 64, 7)]);
+        assert_eq!(c.sges(1), &[]);
+        c.wrs_mut()[0].handle = 42;
+        assert_eq!(c.iter().map(|(w, s)| (w.handle, s.len())).collect::<Vec<_>>(), [(42, 1), (5, 0)]);
+        c.clear();
+        assert!(c.is_empty());
     }
 }

@@ -2,127 +2,87 @@
 
 use super::opcode::WcOpcode;
 
-/// Completion status (`enum ibv_wc_status`), with rdma-core's numbering.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-#[repr(u8)]
-pub enum WcStatus {
-    /// The operation completed successfully.
-    #[default]
-    Success = 0,
-    /// Local length error: a receive buffer too small, or a send larger than allowed.
-    LocLenErr,
-    /// Local QP operation error.
-    LocQpOpErr,
-    /// Local EE context operation error.
-    LocEecOpErr,
-    /// Local protection error: an SGE outside its MR or with a bad lkey.
-    LocProtErr,
-    /// Flushed: the QP was in (or entered) the ERROR state.
-    WrFlushErr,
-    /// Memory window bind error.
-    MwBindErr,
-    /// Bad response.
-    BadRespErr,
-    /// Local access error.
-    LocAccessErr,
-    /// Remote invalid request: the responder could not accept the message (e.g. too long).
-    RemInvReqErr,
-    /// Remote access error: bad rkey, out of bounds, or the MR lacks the access right.
-    RemAccessErr,
-    /// Remote operation error: the responder failed to complete the operation.
-    RemOpErr,
-    /// Transport retries exhausted: the responder did not answer.
-    RetryExcErr,
-    /// RNR retries exhausted: the responder had no receive posted.
-    RnrRetryExcErr,
-    /// Local RDD violation.
-    LocRddViolErr,
-    /// Remote invalid RD request.
-    RemInvRdReqErr,
-    /// Remote aborted.
-    RemAbortErr,
-    /// Invalid EE context number.
-    InvEecnErr,
-    /// Invalid EE context state.
-    InvEecStateErr,
-    /// Fatal error.
-    FatalErr,
-    /// Response timeout.
-    RespTimeoutErr,
-    /// General error.
-    GeneralErr,
-    /// Tag-matching error (e.g. deleting a consumed tag).
-    TmErr,
-    /// Tag-matching rendezvous incomplete.
-    TmRndvIncomplete,
+/// Declares [`WcStatus`] from one line per status: variant, rdma-core's number, and
+/// `ibv_wc_status_str`'s text, so the three cannot drift apart.
+macro_rules! wc_statuses {
+    ($($(#[$attr:meta])* $name:ident = $raw:literal => $text:literal,)*) => {
+        /// Completion status (`enum ibv_wc_status`), with rdma-core's numbering.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+        #[repr(u8)]
+        pub enum WcStatus {
+            $($(#[$attr])* $name = $raw,)*
+        }
+
+        impl WcStatus {
+            /// rdma-core's `ibv_wc_status_str` text.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(WcStatus::$name => $text,)*
+                }
+            }
+
+            /// Decodes the on-ring byte; unknown values are `GeneralErr` (a corrupt ring entry
+            /// never passes as success).
+            pub fn from_u8(v: u8) -> WcStatus {
+                match v {
+                    $($raw => WcStatus::$name,)*
+                    _ => WcStatus::GeneralErr,
+                }
+            }
+        }
+    };
 }
 
-impl WcStatus {
-    /// rdma-core's `ibv_wc_status_str` text.
-    pub fn as_str(self) -> &'static str {
-        use WcStatus::*;
-        match self {
-            Success => "success",
-            LocLenErr => "local length error",
-            LocQpOpErr => "local QP operation error",
-            LocEecOpErr => "local EE context operation error",
-            LocProtErr => "local protection error",
-            WrFlushErr => "Work Request Flushed Error",
-            MwBindErr => "memory management operation error",
-            BadRespErr => "bad response error",
-            LocAccessErr => "local access error",
-            RemInvReqErr => "remote invalid request error",
-            RemAccessErr => "remote access error",
-            RemOpErr => "remote operation error",
-            RetryExcErr => "transport retry counter exceeded",
-            RnrRetryExcErr => "RNR retry counter exceeded",
-            LocRddViolErr => "local RDD violation error",
-            RemInvRdReqErr => "remote invalid RD request",
-            RemAbortErr => "aborted error",
-            InvEecnErr => "invalid EE context number",
-            InvEecStateErr => "invalid EE context state",
-            FatalErr => "fatal error",
-            RespTimeoutErr => "response timeout error",
-            GeneralErr => "general error",
-            TmErr => "TM error",
-            TmRndvIncomplete => "TM rendezvous incomplete",
-        }
-    }
-
-    /// Decodes the on-ring byte; unknown values are `GeneralErr` (a corrupt ring entry never
-    /// passes as success).
-    pub fn from_u8(v: u8) -> WcStatus {
-        use WcStatus::*;
-        [
-            Success,
-            LocLenErr,
-            LocQpOpErr,
-            LocEecOpErr,
-            LocProtErr,
-            WrFlushErr,
-            MwBindErr,
-            BadRespErr,
-            LocAccessErr,
-            RemInvReqErr,
-            RemAccessErr,
-            RemOpErr,
-            RetryExcErr,
-            RnrRetryExcErr,
-            LocRddViolErr,
-            RemInvRdReqErr,
-            RemAbortErr,
-            InvEecnErr,
-            InvEecStateErr,
-            FatalErr,
-            RespTimeoutErr,
-            GeneralErr,
-            TmErr,
-            TmRndvIncomplete,
-        ]
-        .get(v as usize)
-        .copied()
-        .unwrap_or(GeneralErr)
-    }
+wc_statuses! {
+    /// The operation completed successfully.
+    #[default]
+    Success = 0 => "success",
+    /// Local length error: a receive buffer too small, or a send larger than allowed.
+    LocLenErr = 1 => "local length error",
+    /// Local QP operation error.
+    LocQpOpErr = 2 => "local QP operation error",
+    /// Local EE context operation error.
+    LocEecOpErr = 3 => "local EE context operation error",
+    /// Local protection error: an SGE outside its MR or with a bad lkey.
+    LocProtErr = 4 => "local protection error",
+    /// Flushed: the QP was in (or entered) the ERROR state.
+    WrFlushErr = 5 => "Work Request Flushed Error",
+    /// Memory window bind error.
+    MwBindErr = 6 => "memory management operation error",
+    /// Bad response.
+    BadRespErr = 7 => "bad response error",
+    /// Local access error.
+    LocAccessErr = 8 => "local access error",
+    /// Remote invalid request: the responder could not accept the message (e.g. too long).
+    RemInvReqErr = 9 => "remote invalid request error",
+    /// Remote access error: bad rkey, out of bounds, or the MR lacks the access right.
+    RemAccessErr = 10 => "remote access error",
+    /// Remote operation error: the responder failed to complete the operation.
+    RemOpErr = 11 => "remote operation error",
+    /// Transport retries exhausted: the responder did not answer.
+    RetryExcErr = 12 => "transport retry counter exceeded",
+    /// RNR retries exhausted: the responder had no receive posted.
+    RnrRetryExcErr = 13 => "RNR retry counter exceeded",
+    /// Local RDD violation.
+    LocRddViolErr = 14 => "local RDD violation error",
+    /// Remote invalid RD request.
+    RemInvRdReqErr = 15 => "remote invalid RD request",
+    /// Remote aborted.
+    RemAbortErr = 16 => "aborted error",
+    /// Invalid EE context number.
+    InvEecnErr = 17 => "invalid EE context number",
+    /// Invalid EE context state.
+    InvEecStateErr = 18 => "invalid EE context state",
+    /// Fatal error.
+    FatalErr = 19 => "fatal error",
+    /// Response timeout.
+    RespTimeoutErr = 20 => "response timeout error",
+    /// General error.
+    GeneralErr = 21 => "general error",
+    /// Tag-matching error (e.g. deleting a consumed tag).
+    TmErr = 22 => "TM error",
+    /// Tag-matching rendezvous incomplete.
+    TmRndvIncomplete = 23 => "TM rendezvous incomplete",
 }
 
 impl std::fmt::Display for WcStatus {
@@ -187,5 +147,29 @@ impl WorkCompletion {
     /// Whether the completion reports success.
     pub fn is_ok(&self) -> bool {
         self.status == WcStatus::Success
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn from_u8_decodes_every_status_to_its_own_number() {
+        for v in 0..=u8::MAX {
+            let s = WcStatus::from_u8(v);
+            if v <= WcStatus::TmRndvIncomplete as u8 {
+                assert_eq!(s as u8, v, "{s:?}");
+            } else {
+                assert_eq!(s, WcStatus::GeneralErr, "byte {v}");
+            }
+        }
+    }
+
+    #[test]
+    fn status_text_is_rdma_cores() {
+        assert_eq!(WcStatus::default(), WcStatus::Success);
+        assert_eq!(WcStatus::WrFlushErr.to_string(), "Work Request Flushed Error");
+        assert_eq!(WcStatus::from_u8(13).as_str(), "RNR retry counter exceeded");
     }
 }

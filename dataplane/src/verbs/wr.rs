@@ -262,6 +262,10 @@ impl RecvWr {
     }
 }
 
+/// Declares a chain type: requests of type `$wr` (which has `sge_start` / `num_sge` fields)
+/// with their SGEs in one shared array. [`SendChain`], [`RecvChain`] and
+/// [`OpsChain`](super::OpsChain) all come from it; each also defines `reset_extra`, which
+/// clears per-request state a plain `push` must not carry over.
 macro_rules! chain {
     ($(#[$doc:meta])* $name:ident, $wr:ty) => {
         $(#[$doc])*
@@ -339,6 +343,8 @@ macro_rules! chain {
         }
     };
 }
+
+pub(super) use chain;
 
 chain!(
     /// A list of send work requests posted with one doorbell.

@@ -1974,7 +1974,7 @@ pub fn rnr_retry_progresses_without_polling_the_send_cq<H: Harness>(t: &str) {
     assert_eq!(p.b.read(256, 4), b"late");
 }
 
-/// Tag matching only where the device reports TM caps (architecture.md): elsewhere creating a
+/// Tag matching only where the device reports TM caps (docs/conformance.md, tag matching): elsewhere creating a
 /// tag-matching SRQ fails with EOPNOTSUPP and a sentence naming tag matching.
 pub fn tm_refused_without_tm_caps<H: Harness>(t: &str) {
     let b = Node::<H>::open(t, 0);

@@ -3,7 +3,7 @@
 use crate::harness::*;
 use crate::ShmHarness;
 use dataplane::verbs::*;
-use dataplane::Qp;
+use dataplane::{Mr, Qp};
 
 /// `rnr_retry = n` (n < 7) means n retries after the first attempt, then RNR_RETRY_EXC_ERR.
 #[test]
@@ -321,4 +321,21 @@ mod windows {
         let e = qb3.post_send(&SendChain::one(SendWr::send(3), &[Sge::new(b.addr(0), 8, mw.rkey())])).unwrap_err();
         assert_eq!(e.errno, Errno::EINVAL);
     }
+}
+
+/// A receive SGE of length 0 means 2^31 bytes (srq notes); over a small MR the post is refused,
+/// and the reason says the length was read as 2^31, so a caller who meant "no bytes" is not
+/// sent looking for a bad address. A too-long nonzero length keeps the plain message.
+#[test]
+fn zero_length_recv_sge_refusal_names_the_2g_reading() {
+    let b = Node::<ShmHarness>::open("recv-zero-len-reason", 0);
+    let mut qb = b.qp(QpType::Rc, QpCaps::default(), None, false);
+    to_init(&mut qb, 0, AccessFlags::empty());
+    let zero = Sge::new(b.addr(0), 0, b.mr.lkey());
+    let e = qb.post_recv(&RecvChain::one(1, &[zero])).expect_err("a 2^31-byte SGE over a small MR");
+    assert_eq!((e.errno, e.bad_wr), (Errno::EINVAL, 0), "{e}");
+    assert!(e.reason.contains("length 0 was read as 2^31 bytes"), "{e}");
+    let long = Sge::new(b.addr(0), b.mr.len() as u32 + 1, b.mr.lkey());
+    let e = qb.post_recv(&RecvChain::one(2, &[long])).expect_err("an SGE past its MR");
+    assert_eq!(e.reason, "SGE outside its memory region", "{e}");
 }

@@ -33,11 +33,10 @@ pub fn given_ids(m: &ArgMatches) -> Vec<String> {
 }
 
 fn main() {
+    dataplane_apps::logging::init();
     let m = args::Args::command().get_matches();
     let mut args = args::Args::from_arg_matches(&m).unwrap_or_else(|e| e.exit());
     args.explicit = given_ids(&m);
-    let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    tracing_subscriber::fmt().with_writer(std::io::stderr).with_ansi(tty).init();
     if let Err(e) = args.check() {
         fail("arguments", e);
     }

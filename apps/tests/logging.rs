@@ -1,0 +1,71 @@
+//! The binaries install a `tracing` subscriber: the library's warnings reach stderr by
+//! default, `RUST_LOG` changes the level, and no ANSI escape codes go to a pipe.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+/// The huge-page fallback warning `dataplane::mem::region` logs once.
+const HUGE_WARNING: &str = "huge pages not used";
+
+/// Free 1 GiB huge pages; 0 when the kernel has none reserved or does not support the size.
+fn free_1g_pages() -> u64 {
+    std::fs::read_to_string("/sys/kernel/mm/hugepages/hugepages-1048576kB/free_hugepages")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Runs the echo example for a moment with `hugepages = "prefer"` on 1 GiB pages, which makes
+/// huge pages unavailable on any machine that reserved none of that size (1 GiB pages must be
+/// reserved explicitly, at boot in practice), so the region falls back and warns.
+fn run_echo_without_huge_pages(tag: &str, rust_log: Option<&str>) -> Output {
+    assert_eq!(
+        free_1g_pages(),
+        0,
+        "this test needs a machine with no free 1 GiB huge pages, so that the fallback warning fires"
+    );
+    let examples = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../config/examples");
+    let echo = std::fs::read_to_string(examples.join("echo.toml")).expect("read echo.toml");
+    let dir = std::env::temp_dir().join(format!("dp-logging-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let file = dir.join("echo-1g.toml");
+    std::fs::write(&file, format!("{echo}\n[memory]\nhugepages = \"prefer\"\npage_size = \"1G\"\n"))
+        .expect("write config");
+    let fabric = format!("test-logging-{tag}-{}", std::process::id());
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_dataplane"));
+    cmd.args(["run", file.to_str().unwrap(), "--duration", "300ms", "--no-stats", "--fabric", &fabric]);
+    cmd.env_remove("RUST_LOG");
+    if let Some(level) = rust_log {
+        cmd.env("RUST_LOG", level);
+    }
+    let out = cmd.output().expect("run dataplane");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        out.status.success(),
+        "dataplane exited {:?}\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+#[test]
+fn huge_page_warning_reaches_stderr_without_ansi() {
+    let out = run_echo_without_huge_pages("default", None);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let line = stderr.lines().find(|l| l.contains(HUGE_WARNING)).unwrap_or_else(|| {
+        panic!("no huge-page warning on stderr:\n{stderr}");
+    });
+    assert!(line.contains("WARN"), "not logged at WARN level: {line}");
+    assert!(line.contains("nr_hugepages"), "the warning lost its fix: {line}");
+    assert!(!stderr.contains('\u{1b}'), "ANSI escape codes on a pipe: {stderr:?}");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains(HUGE_WARNING), "warning went to stdout");
+}
+
+#[test]
+fn rust_log_changes_the_level() {
+    let out = run_echo_without_huge_pages("error", Some("error"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains(HUGE_WARNING), "RUST_LOG=error still shows warnings:\n{stderr}");
+}
