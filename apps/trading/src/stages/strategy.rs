@@ -75,7 +75,7 @@ mod tests {
     fn params() -> StrategyParams {
         StrategyParams {
             instruments: 2,
-            imbalance: 3,
+            imbalance_pct: 300,
             max_spread_ticks: 2,
             tick: 100,
             order_shares: 100,
