@@ -7,7 +7,7 @@ use crate::bw::{self, Bw};
 use crate::ctl::{Ctl, SETUP_TIMEOUT};
 use crate::live::{Live, Shared};
 use crate::report::{self, Info, Lat, Report};
-use crate::setup::{shm_fabric, slot_count, slot_len, Backend, End, Remote};
+use crate::setup::{shm_fabric, slot_count, slot_len, slots_mem, Backend, End, Remote};
 use crate::{lat, params};
 use dataplane::{Context, Provider};
 use hdrhistogram::Histogram;
@@ -36,8 +36,13 @@ pub fn run<P: Backend>(mut args: Args) -> Res<()> {
 }
 
 /// Bytes one end registers for the largest of `sizes`.
-fn max_mem(args: &Args, sizes: &[u64]) -> u64 {
-    sizes.iter().map(|&s| slot_len(s) * slot_count(args, s)).max().unwrap_or(0)
+fn max_mem(args: &Args, sizes: &[u64]) -> Res<u64> {
+    let mut max = 0;
+    for &size in sizes {
+        let slot = slot_len(size)?;
+        max = max.max(slots_mem(slot, slot_count(args, slot))?);
+    }
+    Ok(max)
 }
 
 fn open<P: Backend>(args: &Args, mem: u64) -> Res<P::Context> {
@@ -50,7 +55,7 @@ fn open_sized<P: Backend>(args: &Args) -> Res<(P::Context, Vec<u64>)> {
     match P::KNOWN_MTU {
         Some(mtu) => {
             let sizes = sizes_for(mtu)?;
-            Ok((open::<P>(args, max_mem(args, &sizes))?, sizes))
+            Ok((open::<P>(args, max_mem(args, &sizes)?)?, sizes))
         }
         None => {
             let ctx = open::<P>(args, 0)?; // its memory comes later, per size
@@ -135,7 +140,11 @@ fn serve<P: Provider>(args: &Args, size: u64, inline: u32, s: &mut End<P>, c: &R
 /// plus the time the bytes between two completions take at 1 MB/s (a floor for slow links such
 /// as emulated Soft-RoCE), so only a lost message or a stuck peer reaches it.
 fn progress_timeout(args: &Args, size: u64) -> Duration {
-    let per_completion = if args.test.is_lat() { 2 * size } else { size * args.cq_mod as u64 * args.qps as u64 };
+    let per_completion = if args.test.is_lat() {
+        2 * size
+    } else {
+        size.saturating_mul(args.cq_mod as u64).saturating_mul(args.qps as u64)
+    };
     peer_timeout(args) + Duration::from_secs_f64(per_completion as f64 / 1e6)
 }
 
@@ -170,7 +179,7 @@ fn new_report(args: &Args, info: Info) -> Res<Report> {
 
 fn loopback<P: Backend>(args: &Args) -> Res<()> {
     let (cctx, sizes) = open_sized::<P>(args)?;
-    let sctx = open::<P>(args, max_mem(args, &sizes))?;
+    let sctx = open::<P>(args, max_mem(args, &sizes)?)?;
     let info = info::<P>(args, &cctx)?;
     let inline = info.inline;
     let mut rep = new_report(args, info)?;
@@ -280,10 +289,10 @@ fn server<P: Backend>(args: &mut Args) -> Res<()> {
 }
 
 fn server_run<P: Backend>(args: &mut Args, ctl: &mut Ctl) -> Res<()> {
-    let line = ctl.recv(SETUP_TIMEOUT)?;
+    let line = ctl.recv(SETUP_TIMEOUT).map_err(|e| format!("parameter line: {e}"))?;
     params::adopt(args, &line).map_err(|e| format!("parameters: {e}"))?;
     let sizes = args.sizes(u64::MAX)?;
-    let ctx = open::<P>(args, max_mem(args, &sizes))?;
+    let ctx = open::<P>(args, max_mem(args, &sizes)?)?;
     let info = info::<P>(args, &ctx)?;
     let inline = info.inline;
     ctl.send("ok")?;
