@@ -209,13 +209,15 @@ fn a_dead_peer_is_an_error_within_seconds() {
     let client = dp_perf(&["send_lat", "127.0.0.1", "-p", &port, "-D", "60"]).spawn().expect("spawn client");
     std::thread::sleep(Duration::from_millis(1500));
     server.kill().expect("kill server");
+    // Reaped at once, as a shell would: a zombie's pid still counts as a live fabric user,
+    // and the client (the last one) would leave the fabric file behind.
+    server.wait().expect("reap server");
     let t0 = Instant::now();
     let c = wait_within(client, Duration::from_secs(10), "client");
     assert!(!c.status.success(), "client succeeded after its server died");
     let err = text(&c.stderr);
     assert!(err.contains("closed the connection") || err.contains("completion"), "{err}");
     assert!(t0.elapsed() < Duration::from_secs(5), "took {:?}", t0.elapsed());
-    let _ = server.wait();
     // Nobody listening: the client gives up after --peer-timeout.
     let c = dp_perf(&["send_bw", "127.0.0.1", "-p", &free_port(), "--peer-timeout", "0.5"]).output().expect("run");
     assert!(!c.status.success() && text(&c.stderr).contains("cannot connect to 127.0.0.1"), "{}", text(&c.stderr));
@@ -264,4 +266,37 @@ fn the_server_refuses_hostile_client_lines() {
     let err = text(&s.stderr);
     assert!(!s.status.success() && err.contains("sent a line longer than 4096 bytes"), "{err}");
     assert!(reply.is_empty() || reply.contains("longer than 4096 bytes"), "reply: {reply:?}");
+}
+
+fn fabric_file(fabric: &str) -> std::path::PathBuf {
+    std::path::PathBuf::from(format!("/dev/shm/dataplane.{fabric}"))
+}
+
+#[test]
+fn the_survivor_of_a_killed_peer_removes_the_fabric_file() {
+    // Either side killed mid-run: the other ends with an error, through its destructors, so
+    // the fabric file goes with it.
+    for kill_server in [true, false] {
+        let port = free_port();
+        let fabric = format!("dp-perf-kill-{}-{port}", std::process::id());
+        let mut server = dp_perf(&["send_lat", "-p", &port]).spawn().expect("spawn server");
+        let mut client = dp_perf(&["send_lat", "127.0.0.1", "-p", &port, "-D", "60", "--fabric", &fabric])
+            .spawn()
+            .expect("spawn client");
+        let t0 = Instant::now();
+        while !fabric_file(&fabric).exists() && t0.elapsed() < Duration::from_secs(20) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(Duration::from_millis(1000)); // into the traffic
+        let (victim, survivor) = if kill_server { (&mut server, client) } else { (&mut client, server) };
+        victim.kill().expect("kill");
+        victim.wait().expect("reap"); // a zombie still counts as alive
+        let out = wait_within(survivor, Duration::from_secs(10), "survivor");
+        assert!(!out.status.success(), "the survivor succeeded after its peer died");
+        let err = text(&out.stderr);
+        assert!(err.contains("closed the connection") || err.contains("completion"), "{err}");
+        let left = fabric_file(&fabric).exists();
+        let _ = std::fs::remove_file(fabric_file(&fabric));
+        assert!(!left, "kill_server={kill_server}: {} left behind ({err})", fabric_file(&fabric).display());
+    }
 }
