@@ -15,7 +15,7 @@
 //! incomplete.
 
 use clap::{Parser, Subcommand};
-use dataplane_apps::{report, runner};
+use dataplane_apps::{limits, report, runner};
 use dataplane_config::{Config, HumanDuration, ValidationEnv};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -90,9 +90,9 @@ fn load(file: &PathBuf) -> Result<Config, ()> {
 fn main() {
     let cli = Cli::parse();
     match cli.cmd {
-        Cmd::Check { file } => match load(&file) {
-            Ok(_) => println!("{}: ok", file.display()),
-            Err(()) => std::process::exit(1),
+        Cmd::Check { file } => match load(&file).map(|cfg| limits::check_shm(&cfg).map_err(|e| eprintln!("{e}"))) {
+            Ok(Ok(())) => println!("{}: ok", file.display()),
+            Ok(Err(())) | Err(()) => std::process::exit(1),
         },
         Cmd::Run { file, duration, json, doorbell_batch, fabric, no_pin, no_stats } => {
             let duration = match duration.as_deref().map(HumanDuration::parse) {
@@ -104,6 +104,10 @@ fn main() {
                 }
             };
             let Ok(cfg) = load(&file) else { std::process::exit(1) };
+            if let Err(e) = limits::check_shm(&cfg) {
+                eprintln!("dataplane: {e}");
+                std::process::exit(1);
+            }
             install_signals();
             let opts = runner::RunOptions { duration, doorbell_batch, fabric, no_pin, no_stats };
             match runner::run(&cfg, &opts, &INTERRUPTED) {
