@@ -208,10 +208,13 @@ fn a_dead_peer_is_an_error_within_seconds() {
     let mut server = dp_perf(&["send_lat", "-p", &port]).spawn().expect("spawn server");
     let client = dp_perf(&["send_lat", "127.0.0.1", "-p", &port, "-D", "60"]).spawn().expect("spawn client");
     std::thread::sleep(Duration::from_millis(1500));
+    // The client is stopped until the server is reaped (as a shell would): a zombie's pid
+    // still counts as a live fabric user, and the client (the last one) would leave the
+    // fabric file behind if it won the race with the reaping.
+    signal(client.id(), libc::SIGSTOP);
     server.kill().expect("kill server");
-    // Reaped at once, as a shell would: a zombie's pid still counts as a live fabric user,
-    // and the client (the last one) would leave the fabric file behind.
     server.wait().expect("reap server");
+    signal(client.id(), libc::SIGCONT);
     let t0 = Instant::now();
     let c = wait_within(client, Duration::from_secs(10), "client");
     assert!(!c.status.success(), "client succeeded after its server died");
@@ -268,6 +271,11 @@ fn the_server_refuses_hostile_client_lines() {
     assert!(reply.is_empty() || reply.contains("longer than 4096 bytes"), "reply: {reply:?}");
 }
 
+fn signal(pid: u32, sig: libc::c_int) {
+    // SAFETY: kill(2) on a child this test started; no memory is involved.
+    assert_eq!(unsafe { libc::kill(pid as libc::pid_t, sig) }, 0, "signal {sig} to {pid}");
+}
+
 fn fabric_file(fabric: &str) -> std::path::PathBuf {
     std::path::PathBuf::from(format!("/dev/shm/dataplane.{fabric}"))
 }
@@ -289,8 +297,12 @@ fn the_survivor_of_a_killed_peer_removes_the_fabric_file() {
         }
         std::thread::sleep(Duration::from_millis(1000)); // into the traffic
         let (victim, survivor) = if kill_server { (&mut server, client) } else { (&mut client, server) };
+        // The survivor is stopped until the victim is reaped: an unreaped zombie still counts
+        // as a fabric user, and the survivor would race the reaping (the shell's, here ours).
+        signal(survivor.id(), libc::SIGSTOP);
         victim.kill().expect("kill");
-        victim.wait().expect("reap"); // a zombie still counts as alive
+        victim.wait().expect("reap");
+        signal(survivor.id(), libc::SIGCONT);
         let out = wait_within(survivor, Duration::from_secs(10), "survivor");
         assert!(!out.status.success(), "the survivor succeeded after its peer died");
         let err = text(&out.stderr);

@@ -39,10 +39,14 @@ fn stderr_within(mut stderr: ChildStderr, limit: Duration) -> Option<String> {
     rx.recv_timeout(limit).ok()
 }
 
-fn kill9(pid: u32) {
+fn signal(pid: u32, sig: libc::c_int) {
     // SAFETY: kill(2) with a pid this test started; no memory is involved.
-    let r = unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
-    assert_eq!(r, 0, "kill -9 {pid}");
+    let r = unsafe { libc::kill(pid as libc::pid_t, sig) };
+    assert_eq!(r, 0, "signal {sig} to {pid}");
+}
+
+fn kill9(pid: u32) {
+    signal(pid, libc::SIGKILL);
 }
 
 #[test]
@@ -73,8 +77,12 @@ fn the_orphaned_server_notices_its_client_died_and_removes_the_fabric() {
     let (mut client, server) = start(&fabric);
     std::thread::sleep(Duration::from_millis(500));
     let stderr = client.stderr.take().expect("stderr"); // the server writes here too
+    // The server is stopped until the client is reaped (as a shell would): an unreaped zombie
+    // still counts as a fabric user, and the server would race the reaping.
+    signal(server, libc::SIGSTOP);
     client.kill().expect("kill -9 the client");
-    client.wait().expect("reap the client"); // as a shell would: a zombie still counts as a user
+    client.wait().expect("reap the client");
+    signal(server, libc::SIGCONT);
     let err = stderr_within(stderr, Duration::from_secs(10));
     if err.is_none() {
         kill9(server);
