@@ -111,10 +111,15 @@ pub fn shm_fabric_bytes(cfg: &Config) -> u64 {
 /// two CQs and SRQ (the QPs receive through the SRQ). A lower bound: a run may need a little
 /// more, never less.
 fn shm_fabric_need(cfg: &Config) -> u64 {
-    let pools = cfg.memory.pools.iter().map(|p| sizing::alloc_bytes(pool_region_bytes(p.buffer_size.bytes(), u64::from(*p.count))));
-    let queues = cfg.workers.iter().map(|w| {
-        (2 * sizing::cq_bytes(*w.cq_depth)).saturating_add(sizing::recv_queue_bytes(*w.srq_depth, 1))
-    });
+    let pools = cfg
+        .memory
+        .pools
+        .iter()
+        .map(|p| sizing::alloc_bytes(pool_region_bytes(p.buffer_size.bytes(), u64::from(*p.count))));
+    let queues = cfg
+        .workers
+        .iter()
+        .map(|w| (2 * sizing::cq_bytes(*w.cq_depth)).saturating_add(sizing::recv_queue_bytes(*w.srq_depth, 1)));
     pools.chain(queues).fold(sizing::tables_bytes(), u64::saturating_add)
 }
 

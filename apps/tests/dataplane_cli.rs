@@ -183,7 +183,10 @@ fn check_refuses_what_the_shm_device_or_fabric_cannot_hold() {
     }
     assert!(!PathBuf::from("/dev/shm/dataplane.never-created").exists());
     // The size it asks for is enough.
-    let p = temp_file("cq-fits.toml", &both("1048576").replace("fabric = \"echo-demo\"", "fabric = \"echo-demo\"\nfabric_size = \"255M\""));
+    let p = temp_file(
+        "cq-fits.toml",
+        &both("1048576").replace("fabric = \"echo-demo\"", "fabric = \"echo-demo\"\nfabric_size = \"255M\""),
+    );
     let out = bin().args(["check", p.to_str().unwrap()]).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     // A QP nobody reads: echo.toml without its echo stage.

@@ -77,8 +77,8 @@ fn the_orphaned_server_notices_its_client_died_and_removes_the_fabric() {
     let (mut client, server) = start(&fabric);
     std::thread::sleep(Duration::from_millis(500));
     let stderr = client.stderr.take().expect("stderr"); // the server writes here too
-    // The server is stopped until the client is reaped (as a shell would): an unreaped zombie
-    // still counts as a fabric user, and the server would race the reaping.
+                                                        // The server is stopped until the client is reaped (as a shell would): an unreaped zombie
+                                                        // still counts as a fabric user, and the server would race the reaping.
     signal(server, libc::SIGSTOP);
     client.kill().expect("kill -9 the client");
     client.wait().expect("reap the client");

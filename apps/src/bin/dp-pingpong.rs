@@ -329,9 +329,7 @@ fn run<P: Device>(a: &Args) -> Result<()> {
         wr = wr.to(dataplane::Ah::handle(ah), remotes[0].qpn, UD_QKEY);
     }
     let send = SendChain::one(wr, &[sge]);
-    let post_send = |qp: &mut P::Qp| {
-        qp.post_send(&send).map_err(|e| Error::new(e.errno, format!("post_send: {e}")))
-    };
+    let post_send = |qp: &mut P::Qp| qp.post_send(&send).map_err(|e| Error::new(e.errno, format!("post_send: {e}")));
     let page = page_size();
     if a.chk && a.server.is_some() {
         for off in (0..a.size as usize).step_by(page) {

@@ -161,7 +161,8 @@ fn huge_policy(s: &str) -> Res<HugePolicy> {
 
 impl End {
     fn open(fabric: &str, huge: HugePolicy) -> Res<End> {
-        let ctx = Shm::open(&ShmConfig { fabric: fabric.into(), size: 128 << 20, huge }).map_err(err_in("open fabric"))?;
+        let ctx =
+            Shm::open(&ShmConfig { fabric: fabric.into(), size: 128 << 20, huge }).map_err(err_in("open fabric"))?;
         let pd = ctx.alloc_pd().map_err(err_in("alloc_pd"))?;
         let len = SLOT * (RQ_DEPTH as usize + 64);
         let region = ctx.alloc_region(len).map_err(err_in("alloc_region"))?;
