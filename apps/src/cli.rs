@@ -95,13 +95,16 @@ fn install_signals() {
     }
 }
 
-/// The file, parsed and checked against the machine and `registry`; errors printed.
+/// The file, parsed and checked against the machine, `registry` and (on `shm`) the device's
+/// limits and the fabric's size; errors printed.
 fn load(registry: &Registry, file: &Path) -> Result<Config, ()> {
-    registry.load(file).map_err(|errs| {
+    let cfg = registry.load(file).map_err(|errs| {
         for e in errs.iter() {
             eprintln!("{e}");
         }
-    })
+    })?;
+    crate::limits::check_shm(&cfg).map_err(|e| eprintln!("{e}"))?;
+    Ok(cfg)
 }
 
 /// Runs the `dataplane` command line with the stage kinds of `registry` (the built-ins, and

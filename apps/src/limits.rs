@@ -3,8 +3,9 @@
 //! (`file:line:column`), rather than an `EINVAL` from deep in bring-up; `max_inline` above the
 //! device's is lowered to it (the schema documents that clamp) with a note.
 
+use dataplane::shm::sizing;
 use dataplane::verbs::DeviceCaps;
-use dataplane_config::{Config, ConfigError, ErrorKind, Located, StageKind, Transport};
+use dataplane_config::{ByteSize, Config, ConfigError, ErrorKind, Located, ProviderKind, StageKind, Transport};
 
 /// What the pipeline may use on this device.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -87,6 +88,74 @@ pub fn fit(cfg: &Config, caps: &DeviceCaps, mtu: u32, device: &str) -> Result<Fi
         let lines: Vec<String> = errors.iter().map(|e| format!("  {e}")).collect();
         Err(format!("{device} cannot run this pipeline as configured:\n{}", lines.join("\n")))
     }
+}
+
+/// Room the shm fabric of a run has besides `fabric_size` and the pools (the tables take about
+/// 2 MiB of it).
+const SHM_FABRIC_SLACK: u64 = 4 << 20;
+
+/// Bytes of the region a pool of `buffer_size` x `count` takes (64-byte buffers, realigned).
+fn pool_region_bytes(buffer_size: u64, count: u64) -> u64 {
+    buffer_size.div_ceil(64).saturating_mul(64).saturating_mul(count).saturating_add(64)
+}
+
+/// The size of the shm fabric `dataplane run` creates for `cfg`: `fabric_size` for the rings,
+/// plus each pool's memory (and a page), plus [`SHM_FABRIC_SLACK`]. The runner and
+/// [`check_shm`] must use the same figure.
+pub fn shm_fabric_bytes(cfg: &Config) -> u64 {
+    let pools = cfg.memory.pools.iter().fold(0u64, |acc, p| acc.saturating_add(p.bytes()).saturating_add(4096));
+    cfg.provider.fabric_size.bytes().saturating_add(pools).saturating_add(SHM_FABRIC_SLACK)
+}
+
+/// The least the fabric must hold for `cfg`: its tables, the pools' regions, and each worker's
+/// two CQs and SRQ (the QPs receive through the SRQ). A lower bound: a run may need a little
+/// more, never less.
+fn shm_fabric_need(cfg: &Config) -> u64 {
+    let pools = cfg
+        .memory
+        .pools
+        .iter()
+        .map(|p| sizing::alloc_bytes(pool_region_bytes(p.buffer_size.bytes(), u64::from(*p.count))));
+    let queues = cfg
+        .workers
+        .iter()
+        .map(|w| (2 * sizing::cq_bytes(*w.cq_depth)).saturating_add(sizing::recv_queue_bytes(*w.srq_depth, 1)));
+    pools.chain(queues).fold(sizing::tables_bytes(), u64::saturating_add)
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
+}
+
+/// Checks `cfg` against the shm device before anything is opened (`dataplane check`): the
+/// device's limits ([`fit`]) and whether the rings and pools fit the fabric `dataplane run`
+/// would create ([`shm_fabric_bytes`]); the latter error names `provider.fabric_size` and the
+/// size needed. Other providers: nothing to check without the device.
+pub fn check_shm(cfg: &Config) -> Result<(), String> {
+    if *cfg.provider.kind != ProviderKind::Shm {
+        return Ok(());
+    }
+    let size = shm_fabric_bytes(cfg);
+    fit(cfg, &sizing::caps(size), sizing::port_mtu(), "the shm device")?;
+    let need = shm_fabric_need(cfg);
+    if need > size {
+        let fs = &cfg.provider.fabric_size;
+        let want = fs.bytes().saturating_add(need - size).next_multiple_of(1 << 20);
+        let msg = format!(
+            "fabric_size {} is too small: the fabric must hold {} of rings, tables and pools but would have {}",
+            **fs,
+            mib(need),
+            mib(size)
+        );
+        let hint = format!(
+            "set fabric_size = \"{}\" or more, or lower the workers' cq_depth and srq_depth (each CQ entry takes 64 bytes)",
+            ByteSize(want)
+        );
+        let e = ConfigError::new(ErrorKind::Resource, &cfg.source, fs.span.clone(), "provider.fabric_size", msg)
+            .with_hint(hint);
+        return Err(format!("the shm device cannot run this pipeline as configured:\n  {e}"));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -102,8 +102,8 @@ pub fn run(cfg: &Config, registry: &Registry, opts: &RunOptions, interrupt: &Ato
                 HugepagePolicy::Prefer => HugePolicy::Prefer(page),
                 HugepagePolicy::Never => HugePolicy::Never,
             };
-            let pools: u64 = cfg.memory.pools.iter().map(|p| p.bytes() + 4096).sum();
-            let size = (cfg.provider.fabric_size.bytes() + pools + (4 << 20)) as usize;
+            // The same figure `check` tested the pipeline against.
+            let size = limits::shm_fabric_bytes(cfg) as usize;
             run_on::<Shm>(&ShmConfig { fabric, size, huge }, cfg, registry, opts, interrupt)
         }
     }

@@ -153,3 +153,48 @@ fn fabric_flag_with_rdma_is_refused() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("--fabric names an shm fabric; this pipeline uses the rdma provider"), "{stderr}");
 }
+
+#[test]
+fn check_refuses_what_the_shm_device_or_fabric_cannot_hold() {
+    let echo = std::fs::read_to_string(example("echo.toml")).unwrap();
+    let both = |depth: &str| {
+        echo.replace("core = 0\n", &format!("core = 0\ncq_depth = {depth}\n"))
+            .replace("core = 1\n", &format!("core = 1\ncq_depth = {depth}\n"))
+    };
+    // Above the device's max_cqe: named with its location, at check instead of at run.
+    let p = temp_file("cq-too-deep.toml", &both("2147483648"));
+    let out = bin().args(["check", p.to_str().unwrap()]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let want = format!(
+        "{}:18:12: workers[0].cq_depth: 2147483648 is above what the shm device supports (max_cqe = 1048576)",
+        p.display()
+    );
+    assert!(stderr.contains(&want), "want {want} in: {stderr}");
+    // Within the device's limits, but four 64 MiB CQs do not fit the default fabric_size.
+    let p = temp_file("cq-too-big.toml", &both("1048576"));
+    let file = p.to_str().unwrap();
+    for args in [&["check", file][..], &["run", file, "--fabric", "never-created"][..]] {
+        let out = bin().args(args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.contains("provider.fabric_size: fabric_size 64M is too small"), "{args:?}: {stderr}");
+        assert!(stderr.contains("set fabric_size = \"255M\" or more"), "{args:?}: {stderr}");
+    }
+    assert!(!PathBuf::from("/dev/shm/dataplane.never-created").exists());
+    // The size it asks for is enough.
+    let p = temp_file(
+        "cq-fits.toml",
+        &both("1048576").replace("fabric = \"echo-demo\"", "fabric = \"echo-demo\"\nfabric_size = \"255M\""),
+    );
+    let out = bin().args(["check", p.to_str().unwrap()]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // A QP nobody reads: echo.toml without its echo stage.
+    let i = echo.find("[[stages]]\nname = \"echo\"").unwrap();
+    let j = i + echo[i..].find("\n\n").unwrap();
+    let p = temp_file("no-echo.toml", &(echo[..i].to_owned() + &echo[j..]));
+    let out = bin().args(["check", p.to_str().unwrap()]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("qps[1]: qp `server-qp` receives what stage `pacer` sends"), "{stderr}");
+}

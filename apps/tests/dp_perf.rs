@@ -1,7 +1,7 @@
 //! `dp-perf` runs every test on `shm` (both ends in one process, and client and server in two
 //! processes) and prints perftest's JSON keys with sane values; bad runs fail with a sentence.
 
-use std::io::Read;
+use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -208,15 +208,107 @@ fn a_dead_peer_is_an_error_within_seconds() {
     let mut server = dp_perf(&["send_lat", "-p", &port]).spawn().expect("spawn server");
     let client = dp_perf(&["send_lat", "127.0.0.1", "-p", &port, "-D", "60"]).spawn().expect("spawn client");
     std::thread::sleep(Duration::from_millis(1500));
+    // The client is stopped until the server is reaped (as a shell would): a zombie's pid
+    // still counts as a live fabric user, and the client (the last one) would leave the
+    // fabric file behind if it won the race with the reaping.
+    signal(client.id(), libc::SIGSTOP);
     server.kill().expect("kill server");
+    server.wait().expect("reap server");
+    signal(client.id(), libc::SIGCONT);
     let t0 = Instant::now();
     let c = wait_within(client, Duration::from_secs(10), "client");
     assert!(!c.status.success(), "client succeeded after its server died");
     let err = text(&c.stderr);
     assert!(err.contains("closed the connection") || err.contains("completion"), "{err}");
     assert!(t0.elapsed() < Duration::from_secs(5), "took {:?}", t0.elapsed());
-    let _ = server.wait();
     // Nobody listening: the client gives up after --peer-timeout.
     let c = dp_perf(&["send_bw", "127.0.0.1", "-p", &free_port(), "--peer-timeout", "0.5"]).output().expect("run");
     assert!(!c.status.success() && text(&c.stderr).contains("cannot connect to 127.0.0.1"), "{}", text(&c.stderr));
+}
+
+/// A fake client: connects to a server on `port` (retrying while it starts), writes `bytes`
+/// (ignoring write errors: the server may hang up first) and returns the server's reply.
+fn hostile_client(port: &str, bytes: &[u8]) -> String {
+    let t0 = Instant::now();
+    let mut s = loop {
+        match std::net::TcpStream::connect(format!("127.0.0.1:{port}")) {
+            Ok(s) => break s,
+            Err(e) if t0.elapsed() > Duration::from_secs(10) => panic!("connecting to the server: {e}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    };
+    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    let _ = s.write_all(bytes);
+    let mut reply = String::new();
+    let _ = s.read_to_string(&mut reply);
+    reply
+}
+
+#[test]
+fn the_server_refuses_hostile_client_lines() {
+    // Sizes the command line would refuse, one of which overflows the slot arithmetic.
+    for size in ["4294967296", "18446744073709551615"] {
+        let port = free_port();
+        let server = dp_perf(&["send_bw", "-p", &port]).spawn().expect("spawn server");
+        let line = format!(
+            "dp-perf/1 test=send_bw provider=shm conn=RC sizes={size} iters=10 duration=none qps=1 tx_depth=128 \
+             rx_depth=512 cq_mod=100 post_list=1 inline=auto srq=0 fabric=dp-perf-{port}\n"
+        );
+        let reply = hostile_client(&port, line.as_bytes());
+        let s = wait_within(server, Duration::from_secs(10), "server");
+        let err = text(&s.stderr);
+        assert!(!s.status.success() && !err.contains("panicked"), "{err}");
+        assert!(err.contains(&format!("the client sent sizes={size}: a message is at most 4 GiB - 1")), "{err}");
+        assert!(reply.starts_with("error ") && reply.contains("at most 4 GiB - 1"), "reply: {reply:?}");
+    }
+    // A line without end: refused after the cap, not buffered.
+    let port = free_port();
+    let server = dp_perf(&["send_bw", "-p", &port]).spawn().expect("spawn server");
+    let reply = hostile_client(&port, &vec![b'a'; 64 << 20]);
+    let s = wait_within(server, Duration::from_secs(10), "server");
+    let err = text(&s.stderr);
+    assert!(!s.status.success() && err.contains("sent a line longer than 4096 bytes"), "{err}");
+    assert!(reply.is_empty() || reply.contains("longer than 4096 bytes"), "reply: {reply:?}");
+}
+
+fn signal(pid: u32, sig: libc::c_int) {
+    // SAFETY: kill(2) on a child this test started; no memory is involved.
+    assert_eq!(unsafe { libc::kill(pid as libc::pid_t, sig) }, 0, "signal {sig} to {pid}");
+}
+
+fn fabric_file(fabric: &str) -> std::path::PathBuf {
+    std::path::PathBuf::from(format!("/dev/shm/dataplane.{fabric}"))
+}
+
+#[test]
+fn the_survivor_of_a_killed_peer_removes_the_fabric_file() {
+    // Either side killed mid-run: the other ends with an error, through its destructors, so
+    // the fabric file goes with it.
+    for kill_server in [true, false] {
+        let port = free_port();
+        let fabric = format!("dp-perf-kill-{}-{port}", std::process::id());
+        let mut server = dp_perf(&["send_lat", "-p", &port]).spawn().expect("spawn server");
+        let mut client = dp_perf(&["send_lat", "127.0.0.1", "-p", &port, "-D", "60", "--fabric", &fabric])
+            .spawn()
+            .expect("spawn client");
+        let t0 = Instant::now();
+        while !fabric_file(&fabric).exists() && t0.elapsed() < Duration::from_secs(20) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(Duration::from_millis(1000)); // into the traffic
+        let (victim, survivor) = if kill_server { (&mut server, client) } else { (&mut client, server) };
+        // The survivor is stopped until the victim is reaped: an unreaped zombie still counts
+        // as a fabric user, and the survivor would race the reaping (the shell's, here ours).
+        signal(survivor.id(), libc::SIGSTOP);
+        victim.kill().expect("kill");
+        victim.wait().expect("reap");
+        signal(survivor.id(), libc::SIGCONT);
+        let out = wait_within(survivor, Duration::from_secs(10), "survivor");
+        assert!(!out.status.success(), "the survivor succeeded after its peer died");
+        let err = text(&out.stderr);
+        assert!(err.contains("closed the connection") || err.contains("completion"), "{err}");
+        let left = fabric_file(&fabric).exists();
+        let _ = std::fs::remove_file(fabric_file(&fabric));
+        assert!(!left, "kill_server={kill_server}: {} left behind ({err})", fabric_file(&fabric).display());
+    }
 }

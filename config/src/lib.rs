@@ -143,6 +143,8 @@ impl Config {
     ///   `duration`; the message fits the pool buffers of every stage on its path and the
     ///   receive buffers at every local peer it reaches (+40 bytes GRH for UD), and at most
     ///   4096 bytes on UD.
+    /// - **Readers**: a QP whose local peer is written to by a stage (an output, or an echo's
+    ///   input) is some stage's `input`; unread, its messages would be lost.
     /// - At least one worker and one stage.
     pub fn validate(&self, env: &ValidationEnv) -> Result<(), ConfigErrors> {
         validate::Validator::run(self, env)

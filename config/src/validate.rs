@@ -243,6 +243,7 @@ impl<'a> Validator<'a> {
         v.stages();
         v.cycles();
         v.message_sizes();
+        v.unread_qps();
         if cfg.workers.is_empty() {
             v.push(
                 ErrorKind::Invalid,
@@ -1539,6 +1540,54 @@ impl<'a> Validator<'a> {
     }
 
     /// Message sizes along every path from a source: send buffers, receive buffers, UD MTU.
+    /// A QP whose peer (in this pipeline) is written to by a stage must be some stage's
+    /// `input`: its receive completions are otherwise never polled, so the run loses every
+    /// message it sends (or, once the receive queue is empty, counts RNR errors on the
+    /// sender). A QP whose peer nobody writes (the way back of a one-way path) needs no reader;
+    /// a remote peer's traffic is not known here.
+    fn unread_qps(&mut self) {
+        let cfg = self.cfg;
+        let mut read = vec![false; cfg.qps.len()];
+        // QP index -> the first stage that sends on it (echo replies on its input).
+        let mut writer: HashMap<usize, usize> = HashMap::new();
+        for (k, s) in cfg.stages.iter().enumerate() {
+            let input = s.input.as_ref().and_then(|x| self.endpoint(x));
+            if let Some(Endpoint::Qp(j)) = input {
+                read[j] = true;
+                if *s.kind == StageKind::Echo {
+                    writer.entry(j).or_insert(k);
+                }
+            }
+            let outputs = s.output.iter().chain(s.outputs.iter());
+            for o in outputs {
+                if let Some(Endpoint::Qp(j)) = self.endpoint(o) {
+                    writer.entry(j).or_insert(k);
+                }
+            }
+        }
+        for (j, q) in cfg.qps.iter().enumerate() {
+            let Some(Peer::Local(peer)) = q.peer() else { continue };
+            let Some(&p) = self.qps.get(peer) else { continue }; // dangling: reported by qps()
+            let Some(&k) = writer.get(&p) else { continue };
+            if read[j] {
+                continue;
+            }
+            self.push(
+                ErrorKind::Invalid,
+                first_span(&[&q.name.span]),
+                format!("qps[{j}]"),
+                format!(
+                    "qp `{}` receives what stage `{}` sends on its peer `{peer}`, but no stage reads it (no stage has input = \"{}\")",
+                    q.name, cfg.stages[k].name, q.name
+                ),
+                Some(format!(
+                    "add a stage with input = \"{}\" (a sink counts and drops), or stop sending on `{peer}`; unread, its messages are lost",
+                    q.name
+                )),
+            );
+        }
+    }
+
     fn message_sizes(&mut self) {
         let cfg = self.cfg;
         let mut consumer: HashMap<usize, usize> = HashMap::new();

@@ -354,3 +354,25 @@ fn io_error_names_the_file() {
     assert_eq!(err.0[0].kind, ErrorKind::Io);
     assert!(err.to_string().starts_with("/nonexistent/pipeline.toml: cannot read the file: "));
 }
+
+#[test]
+fn a_qp_that_receives_but_that_no_stage_reads_is_an_error() {
+    // BASE without its echo stage: `b` receives what `src` sends on `a`, and nobody polls it.
+    let text = base_with("[[stages]]\nname = \"echo\"\nworker = \"w1\"\nkind = \"echo\"\ninput = \"b\"\n\n", "");
+    let e = one_error(&text);
+    assert_eq!(e.kind, ErrorKind::Invalid);
+    assert_eq!(e.field, "qps[1]");
+    assert_eq!(e.line_column(), Some((15, 8)), "at the QP's name: {e}");
+    assert_eq!(
+        e.message,
+        "qp `b` receives what stage `src` sends on its peer `a`, but no stage reads it (no stage has input = \"b\")"
+    );
+    // The examples' one-way paths (fanout's publisher QPs) need no reader; minus one of its
+    // sinks, fanout.toml loses that subscriber's messages.
+    let fanout = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/fanout.toml")).unwrap();
+    let sink_c = fanout.find("[[stages]]\nname = \"sink-c\"").expect("fanout.toml has sink-c");
+    let end = fanout[sink_c + 1..].find("[[").map_or(fanout.len(), |i| sink_c + 1 + i);
+    let e = one_error(&(fanout[..sink_c].to_owned() + &fanout[end..]));
+    assert_eq!(e.field, "qps[5]", "{e}");
+    assert!(e.message.starts_with("qp `rx-c` receives what stage `fan` sends on its peer `to-c`"), "{e}");
+}

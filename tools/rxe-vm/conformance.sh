@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Builds the conformance suite on the host (debug) and runs its `rdma::` cases inside the
-# Soft-RoCE VM (rxe0 <-> rxe1 over a veth pair, GID index 1). Exit status is the test binary's
-# (125 = VM failure, 124 = timeout). Extra arguments go to the test binary (e.g. a case name
-# filter such as `rdma::send_recv_basic`, or `--show-output` to see the NOT RUN reasons).
+# Soft-RoCE VM (rxe0 <-> rxe1 over a veth pair, GID index 1). The output ends with
+# `conformance: P passed, F failed, N not run` (conformance-summary.sh: libtest alone counts
+# the NOT RUN cases as passed; the binary runs with --show-output so their reasons show).
+# Exit status: rxe-vm's when it failed (125 = VM failure, 124 = timeout), else 1 if a case
+# failed or the run did not finish. Extra arguments go to the test binary (e.g. a case name
+# filter such as `rdma::send_recv_basic`).
 #
 #   tools/rxe-vm/conformance.sh                 # ~1 min incremental build + ~16 s VM run
 #   RXE_VM_TIMEOUT=600 tools/rxe-vm/conformance.sh -- --show-output
@@ -20,6 +23,18 @@ if [ -z "$bin" ] || [ ! -x "$bin" ]; then
 fi
 "$HERE/rxe-vm" --prepare
 filter=rdma::
-for a in "$@"; do case "$a" in rdma::*) filter=;; esac; done
-exec "$HERE/rxe-vm" --timeout "${RXE_VM_TIMEOUT:-900}" -- \
-  env DP_CONFORMANCE_RDMA=1 RUST_BACKTRACE=1 "$bin" $filter --test-threads 2 "$@"
+show=--show-output
+for a in "$@"; do
+  case "$a" in
+    rdma::*) filter=;;
+    --show-output|--nocapture) show=;;
+  esac
+done
+set +e
+"$HERE/rxe-vm" --timeout "${RXE_VM_TIMEOUT:-900}" -- \
+  env DP_CONFORMANCE_RDMA=1 RUST_BACKTRACE=1 "$bin" $filter --test-threads 2 $show "$@" \
+  | "$HERE/conformance-summary.sh"
+st=("${PIPESTATUS[@]}")
+set -e
+[ "${st[0]}" -eq 0 ] || exit "${st[0]}"
+exit "${st[1]}"

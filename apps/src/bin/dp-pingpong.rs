@@ -5,15 +5,21 @@
 //! Server: `dp-pingpong -d rxe1 -g 1`; client: `dp-pingpong -d rxe0 -g 1 SERVER`.
 //! RC, UD with `--ud` (against `ibv_ud_pingpong`), or `-q` RC QPs on one SRQ with `--srq`
 //! (against `ibv_srq_pingpong`). Flags of `ibv_rc_pingpong`: `-p -d -i -g -s -m -r -n`, and
-//! `-c` (`--chk`, RC only): the received buffer is validated the way rdma-core does it.
+//! `-c` (`--chk`, RC only): the received buffer is validated the way rdma-core does it; `-e`
+//! (`--events`): wait for completion events on a completion channel instead of busy-polling.
+//!
+//! `--provider shm` runs the same program on the shared-memory device (both processes on one
+//! fabric, `--fabric`), so it can be tested without an RDMA device.
 
-use clap::Parser;
+use clap::{Parser, ValueEnum};
 use dataplane::conn;
+use dataplane::mem::HugePolicy;
 use dataplane::rdma::{Rdma, RdmaConfig};
+use dataplane::shm::{Shm, ShmCompChannel, ShmConfig};
 use dataplane::verbs::*;
 use dataplane::{Context, Cq, MemRegion, Mr, Pd, Provider, Qp, QpInitAttr, Srq};
 use std::net::TcpListener;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 #[derive(Parser, Debug)]
 #[command(about = "RC pingpong compatible with rdma-core's ibv_rc_pingpong")]
@@ -58,8 +64,88 @@ struct Args {
     /// data in page N" for each that did not, and a failure exit).
     #[arg(short = 'c', long = "chk", conflicts_with_all = ["ud", "srq"])]
     chk: bool,
+    /// Sleep on a completion channel until the CQ signals, instead of busy-polling (rdma-core's
+    /// `-e`): arm the CQ, wait for its event, re-arm, then poll what completed.
+    #[arg(short = 'e', long = "events")]
+    events: bool,
+    /// Provider: `rdma` (rdma-core's devices, the default) or `shm` (the shared-memory device).
+    #[arg(long, value_enum, default_value = "rdma")]
+    provider: ProviderKind,
+    /// shm: the fabric both processes open (default: dp-pingpong-<TCP port>).
+    #[arg(long)]
+    fabric: Option<String>,
     /// Server to connect to (none: be the server).
     server: Option<String>,
+}
+
+/// `--provider`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[allow(non_camel_case_types)]
+enum ProviderKind {
+    /// rdma-core's libibverbs.
+    rdma,
+    /// The shared-memory software NIC (processes of one host).
+    shm,
+}
+
+/// What differs between the providers: opening the device, and the completion channel of
+/// `-e`.
+trait Device: Provider {
+    /// A completion channel.
+    type Channel;
+    /// Opens the device `a` names.
+    fn open_dev(a: &Args) -> Result<Self::Context>;
+    /// Creates a completion channel and a CQ of `cqe` entries that signals it.
+    fn cq_with_channel(ctx: &Self::Context, cqe: u32) -> Result<(Self::Cq, Self::Channel)>;
+    /// Waits for the next event of `ch` (`ibv_get_cq_event`, and its acknowledgement).
+    fn wait_event(ch: &Self::Channel) -> Result<()>;
+}
+
+/// Longest wait for one completion event: a peer that is gone is an error, not a hang.
+const EVENT_TIMEOUT: Duration = Duration::from_secs(60);
+
+impl Device for Shm {
+    type Channel = ShmCompChannel;
+
+    fn open_dev(a: &Args) -> Result<Self::Context> {
+        let fabric = a.fabric.clone().unwrap_or_else(|| format!("dp-pingpong-{}", a.port));
+        Shm::open(&ShmConfig { fabric, size: 64 << 20, huge: HugePolicy::default() })
+    }
+
+    fn cq_with_channel(ctx: &Self::Context, cqe: u32) -> Result<(Self::Cq, Self::Channel)> {
+        let ch = ctx.create_comp_channel()?;
+        Ok((ctx.create_cq_with_channel(cqe, &ch)?, ch))
+    }
+
+    fn wait_event(ch: &Self::Channel) -> Result<()> {
+        match ch.get_cq_event(Some(EVENT_TIMEOUT))? {
+            Some(_) => Ok(()), // one CQ: no need to look at which; shm events need no ack
+            None => Err(Error::new(
+                Errno::ETIMEDOUT,
+                format!("no completion event for {} s (is the peer alive?)", EVENT_TIMEOUT.as_secs()),
+            )),
+        }
+    }
+}
+
+impl Device for Rdma {
+    type Channel = std::convert::Infallible;
+
+    fn open_dev(a: &Args) -> Result<Self::Context> {
+        Rdma::open(&RdmaConfig { device: a.ib_dev.clone(), port: a.ib_port, gid_index: a.gid_idx })
+    }
+
+    fn cq_with_channel(_: &Self::Context, _: u32) -> Result<(Self::Cq, Self::Channel)> {
+        Err(Error::new(
+            Errno::EOPNOTSUPP,
+            "-e: the rdma provider has no completion-channel wrapper yet (ibv_create_comp_channel); \
+             -e runs with --provider shm",
+        ))
+    }
+
+    fn wait_event(ch: &Self::Channel) -> Result<()> {
+        match *ch {}
+    }
 }
 
 const RECV_WRID: u64 = 1;
@@ -69,11 +155,26 @@ const SRQ_PP_MSGS: usize = 256;
 /// Q_Key of `ibv_ud_pingpong`.
 const UD_QKEY: u32 = 0x1111_1111;
 
-fn run(a: &Args) -> Result<()> {
+/// The QPs `ibv_srq_pingpong`'s peer announced: its connection messages for unused QPs are
+/// all zero.
+fn peer_qps(remotes: &[Endpoint]) -> usize {
+    remotes.iter().filter(|r| r.qpn != 0).count()
+}
+
+/// With `--srq`, both sides must run the same number of QPs: QP i talks to the peer's QP i,
+/// and a missing one would be an all-zero route (EINVAL deep in `modify_qp`).
+fn check_peer_qps(remotes: &[Endpoint], nq: usize) -> Result<()> {
+    match peer_qps(remotes) {
+        n if n == nq => Ok(()),
+        n => Err(Error::new(Errno::EINVAL, format!("peer has {n} QPs, -q is {nq} (give both sides the same -q)"))),
+    }
+}
+
+fn run<P: Device>(a: &Args) -> Result<()> {
     if a.size == 0 || a.rx_depth == 0 || a.iters == 0 {
         return Err(Error::new(Errno::EINVAL, "size, rx-depth and iters must be > 0"));
     }
-    let ctx = Rdma::open(&RdmaConfig { device: a.ib_dev.clone(), port: a.ib_port, gid_index: a.gid_idx })?;
+    let ctx = P::open_dev(a)?;
     let pd = ctx.alloc_pd()?;
     let grh = if a.ud { GRH_LEN as u32 } else { 0 };
     let buf_len = (a.size + grh) as usize;
@@ -82,7 +183,13 @@ fn run(a: &Args) -> Result<()> {
     region.fill(0, buf_len, 0x7b);
     let mr = pd.reg_mr(&region, 0, buf_len, AccessFlags::LOCAL_WRITE)?;
     let nq = if a.srq { a.num_qp.clamp(1, SRQ_PP_MSGS as u32) as usize } else { 1 };
-    let mut cq = ctx.create_cq(a.rx_depth + nq as u32)?;
+    let (mut cq, channel) = if a.events {
+        let (mut cq, ch) = P::cq_with_channel(&ctx, a.rx_depth + nq as u32)?;
+        cq.req_notify(false)?; // armed before anything can complete, as rdma-core does
+        (cq, Some(ch))
+    } else {
+        (ctx.create_cq(a.rx_depth + nq as u32)?, None)
+    };
     let mut srq =
         if a.srq { Some(pd.create_srq(&SrqAttr { max_wr: a.rx_depth, max_sge: 1, srq_limit: 0 })?) } else { None };
     let cap = QpCaps {
@@ -107,7 +214,7 @@ fn run(a: &Args) -> Result<()> {
     }
     let sge = Sge::new(mr.addr() + u64::from(grh), a.size, mr.lkey());
     let recv = RecvChain::one(RECV_WRID, &[Sge::new(mr.addr(), a.size + grh, mr.lkey())]);
-    let mut post_recv = |qps: &mut Vec<<Rdma as Provider>::Qp>| -> Result<()> {
+    let mut post_recv = |qps: &mut Vec<P::Qp>| -> Result<()> {
         let r = match srq.as_mut() {
             Some(srq) => srq.post_recv(&recv),
             None => qps[0].post_recv(&recv),
@@ -145,7 +252,7 @@ fn run(a: &Args) -> Result<()> {
         port_num: a.ib_port,
         ..Default::default()
     };
-    let connect = |qps: &mut Vec<<Rdma as Provider>::Qp>, remotes: &[Endpoint]| -> Result<()> {
+    let connect = |qps: &mut Vec<P::Qp>, remotes: &[Endpoint]| -> Result<()> {
         if a.ud {
             return Ok(());
         }
@@ -180,13 +287,29 @@ fn run(a: &Args) -> Result<()> {
     let mut remotes = match &a.server {
         Some(host) => {
             let r = conn::client_exchange_many(host, a.port, &wire)?;
-            connect(&mut qps, &r[..nq])?;
+            if a.srq {
+                check_peer_qps(&r, nq)?;
+            }
+            connect(&mut qps, &r)?;
             r
         }
         None => {
             let l = TcpListener::bind(("0.0.0.0", a.port))
                 .map_err(|e| Error::new(Errno::EIO, format!("cannot listen on port {}: {e}", a.port)))?;
-            conn::server_exchange_many(&l, &wire, |r| connect(&mut qps, &r[..nq]))?
+            // On a -q mismatch this side still answers (so the client sees it too), connects
+            // nothing, and reports the mismatch rather than the client's hang-up that follows.
+            let mut mismatch = None;
+            let r = conn::server_exchange_many(&l, &wire, |r| match check_peer_qps(r, nq) {
+                Err(e) if a.srq => {
+                    mismatch = Some(e);
+                    Ok(())
+                }
+                _ => connect(&mut qps, r),
+            });
+            match (r, mismatch) {
+                (_, Some(e)) => return Err(e),
+                (r, None) => r?,
+            }
         }
     };
     remotes.truncate(nq);
@@ -206,9 +329,7 @@ fn run(a: &Args) -> Result<()> {
         wr = wr.to(dataplane::Ah::handle(ah), remotes[0].qpn, UD_QKEY);
     }
     let send = SendChain::one(wr, &[sge]);
-    let post_send = |qp: &mut <Rdma as Provider>::Qp| {
-        qp.post_send(&send).map_err(|e| Error::new(e.errno, format!("post_send: {e}")))
-    };
+    let post_send = |qp: &mut P::Qp| qp.post_send(&send).map_err(|e| Error::new(e.errno, format!("post_send: {e}")));
     let page = page_size();
     if a.chk && a.server.is_some() {
         for off in (0..a.size as usize).step_by(page) {
@@ -226,8 +347,16 @@ fn run(a: &Args) -> Result<()> {
         }
     }
     let mut wc = [WorkCompletion::default(); 16];
+    let mut n = 0;
     while rcnt < a.iters || scnt < a.iters {
-        let n = cq.poll(&mut wc)?;
+        if let (Some(ch), 0) = (&channel, n) {
+            // The last poll found the CQ empty: sleep until it signals, re-arm, then poll
+            // (a completion between the re-arm and the poll is seen by the poll; one after it
+            // signals again).
+            P::wait_event(ch)?;
+            cq.req_notify(false)?;
+        }
+        n = cq.poll(&mut wc)?;
         for w in &wc[..n] {
             if w.status != WcStatus::Success {
                 return Err(Error::new(
@@ -296,7 +425,11 @@ fn gid_str(g: &[u8; 16]) -> String {
 fn main() {
     dataplane_apps::logging::init();
     let args = Args::parse();
-    if let Err(e) = run(&args) {
+    let r = match args.provider {
+        ProviderKind::rdma => run::<Rdma>(&args),
+        ProviderKind::shm => run::<Shm>(&args),
+    };
+    if let Err(e) = r {
         eprintln!("dp-pingpong: {e}");
         std::process::exit(1);
     }

@@ -21,6 +21,7 @@ mod mr;
 mod qp;
 mod recvq;
 mod ring;
+pub mod sizing;
 mod srq;
 mod tm;
 

@@ -78,4 +78,9 @@ suite!(ShmHarness;
     tm_refused_without_tm_caps,
     uc_rdma_write_and_write_with_imm,
     fence_orders_after_prior_read,
+    post_list_delivers_every_message_in_order,
+    post_list_with_too_few_receives_waits_for_the_rest,
+    post_list_on_uc_drops_what_finds_no_receive,
+    post_list_stops_at_a_refused_wr,
+    post_list_with_a_receive_too_small_fails_as_one_by_one,
 );

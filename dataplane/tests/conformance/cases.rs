@@ -10,6 +10,8 @@ use crate::harness::*;
 use dataplane::verbs::*;
 use dataplane::{Context, MemRegion, Mr, Pd, Qp, Srq};
 
+pub use crate::post_list::*;
+
 /// Receive buffers start here in a node's buffer.
 const RX: usize = 64 << 10;
 

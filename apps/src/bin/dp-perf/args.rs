@@ -222,8 +222,11 @@ impl Args {
         if self.qps > 1 && self.test.is_lat() {
             return Err(format!("-q {}: latency tests use one QP (as perftest's)", self.qps));
         }
-        if self.iters == Some(0) || self.size == Some(0) {
-            return Err("-n and -s must be at least 1".into());
+        if self.iters == Some(0) {
+            return Err("-n must be at least 1".into());
+        }
+        if let Some(s) = self.size {
+            Self::check_size(s).map_err(|e| format!("-s {s}: {e}"))?;
         }
         if self.duration.is_some_and(|d| !(d > 0.0 && d.is_finite())) {
             return Err("-D must be a positive number of seconds".into());
@@ -260,8 +263,16 @@ impl Args {
         if self.use_srq && !self.test.is_send() {
             return Err("--use-srq applies to send tests only".into());
         }
-        if self.size.is_some_and(|s| s > u32::MAX as u64) {
-            return Err("-s: a message is at most 4 GiB - 1 (ibv_sge's length is 32 bits)".into());
+        Ok(())
+    }
+
+    /// The checks of one message size, for `-s` and for each size a client sends.
+    pub fn check_size(size: u64) -> Result<(), String> {
+        if size == 0 {
+            return Err("a message is at least 1 byte".into());
+        }
+        if size > u32::MAX as u64 {
+            return Err("a message is at most 4 GiB - 1 (ibv_sge's length is 32 bits)".into());
         }
         Ok(())
     }

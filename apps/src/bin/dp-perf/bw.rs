@@ -3,7 +3,7 @@
 //! or stays passive (write/read/atomic).
 
 use crate::args::{Args, Test};
-use crate::live::Live;
+use crate::live::{Live, Res};
 use crate::setup::{End, Remote, QKEY};
 use dataplane::verbs::*;
 use dataplane::{Cq, Provider, Qp, Srq};
@@ -64,7 +64,7 @@ pub fn wr_for(
 
 /// Receive side of send tests: posts `rx-depth` receives on each QP (or on the SRQ), before
 /// the peer is told to start. Receive wr_ids carry the QP index, as sends do.
-pub fn post_initial_recvs<P: Provider>(e: &mut End<P>, args: &Args) {
+pub fn post_initial_recvs<P: Provider>(e: &mut End<P>, args: &Args) -> Res<()> {
     let depth = args.rx_depth as u64;
     let mut chain = RecvChain::with_capacity(64, 64);
     let targets = if e.srq.is_some() { 1 } else { e.qps.len() };
@@ -74,31 +74,32 @@ pub fn post_initial_recvs<P: Provider>(e: &mut End<P>, args: &Args) {
             for i in start..(start + 64).min(depth) {
                 chain.push(RecvWr::new(wr_id(q, i)), &[e.recv_sge(i)]);
             }
-            post_recvs(e, q, &chain);
+            post_recvs(e, q, &chain)?;
         }
     }
+    Ok(())
 }
 
-fn post_recvs<P: Provider>(e: &mut End<P>, q: usize, chain: &RecvChain) {
+fn post_recvs<P: Provider>(e: &mut End<P>, q: usize, chain: &RecvChain) -> Res<()> {
     let r = match e.srq.as_mut() {
         Some(s) => s.post_recv(chain),
         None => e.qps[q].post_recv(chain),
     };
-    r.unwrap_or_else(|err| crate::fail("post_recv", err));
+    r.map_err(|err| format!("post_recv: {err}"))
 }
 
 /// Server side of send_bw (receives already posted): reposts each consumed receive until the
 /// client stops; returns how many arrived.
-pub fn serve_recv<P: Provider>(e: &mut End<P>, live: &mut Live) -> u64 {
+pub fn serve_recv<P: Provider>(e: &mut End<P>, live: &mut Live) -> Res<u64> {
     let targets = if e.srq.is_some() { 1 } else { e.qps.len() };
     let mut chains: Vec<RecvChain> = (0..targets).map(|_| RecvChain::with_capacity(64, 64)).collect();
     let mut wc = [WorkCompletion::default(); 64];
     let mut got = 0;
     loop {
-        let n = e.rcq.poll(&mut wc).unwrap_or_else(|err| crate::fail("poll", err));
+        let n = e.rcq.poll(&mut wc).map_err(|err| format!("poll: {err}"))?;
         if n == 0 {
-            if live.idle() {
-                return got;
+            if live.idle()? {
+                return Ok(got);
             }
             continue;
         }
@@ -106,7 +107,7 @@ pub fn serve_recv<P: Provider>(e: &mut End<P>, live: &mut Live) -> u64 {
         got += n as u64;
         for w in &wc[..n] {
             if !w.is_ok() {
-                crate::fail("receive completion", w.status);
+                return Err(format!("receive completion: {}", w.status));
             }
             let (q, i) = split_wr_id(w.wr_id);
             let q = q.min(targets - 1);
@@ -114,7 +115,7 @@ pub fn serve_recv<P: Provider>(e: &mut End<P>, live: &mut Live) -> u64 {
         }
         for (q, chain) in chains.iter_mut().enumerate() {
             if !chain.is_empty() {
-                post_recvs(e, q, chain);
+                post_recvs(e, q, chain)?;
                 chain.clear();
             }
         }
@@ -130,7 +131,7 @@ pub fn run_client<P: Provider>(
     c: &mut End<P>,
     s: &Remote,
     live: &mut Live,
-) -> Bw {
+) -> Res<Bw> {
     let nq = c.qps.len();
     let per_qp = if args.duration.is_some() { u64::MAX } else { args.iterations() };
     let deadline = args.duration.map(|d| Instant::now() + Duration::from_secs_f64(d));
@@ -163,22 +164,22 @@ pub fn run_client<P: Provider>(
                 match c.qps[q].post_send(&chain) {
                     Ok(()) => posted[q] += k,
                     Err(e) if e.errno == Errno::ENOMEM && e.bad_wr == 0 => break,
-                    Err(e) => crate::fail("post_send", e),
+                    Err(e) => return Err(format!("post_send: {e}")),
                 }
             }
         }
         if finished {
             break;
         }
-        let n = c.scq.poll(&mut wc).unwrap_or_else(|e| crate::fail("poll", e));
+        let n = c.scq.poll(&mut wc).map_err(|e| format!("poll: {e}"))?;
         if n == 0 {
-            live.idle();
+            live.idle()?;
             continue;
         }
         live.progress();
         for w in &wc[..n] {
             if !w.is_ok() {
-                crate::fail("send completion", w.status);
+                return Err(format!("send completion: {}", w.status));
             }
             let (q, i) = split_wr_id(w.wr_id);
             if let Some(d) = done.get_mut(q) {
@@ -202,7 +203,7 @@ pub fn run_client<P: Provider>(
     }
     let secs = start.elapsed().as_secs_f64();
     let avg = total as f64 / secs;
-    Bw { iters: total / nq as u64, ops: total, secs, peak: peak.max(avg) }
+    Ok(Bw { iters: total / nq as u64, ops: total, secs, peak: peak.max(avg) })
 }
 
 #[cfg(test)]

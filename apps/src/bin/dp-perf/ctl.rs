@@ -16,7 +16,7 @@
 use crate::live::Shared;
 use dataplane::conn::{self, RemoteMem};
 use dataplane::verbs::Endpoint;
-use std::io::{BufRead, BufReader, ErrorKind, Write};
+use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::thread::ScopedJoinHandle;
 use std::time::{Duration, Instant};
@@ -25,6 +25,9 @@ use std::time::{Duration, Instant};
 pub const SETUP_TIMEOUT: Duration = Duration::from_secs(60);
 /// Heartbeat period during a test.
 const BEAT: Duration = Duration::from_millis(250);
+/// Longest line either side reads (the parameter line is the longest): a peer cannot make
+/// this side buffer an endless line.
+pub const MAX_LINE: usize = crate::params::MAX_LINE as usize;
 
 /// The control connection.
 pub struct Ctl {
@@ -57,8 +60,9 @@ impl Ctl {
     pub fn recv(&mut self, timeout: Duration) -> Result<String, String> {
         self.r.get_ref().set_read_timeout(Some(timeout)).map_err(|e| format!("socket timeout: {e}"))?;
         let mut line = String::new();
-        match self.r.read_line(&mut line) {
+        match (&mut self.r).take(MAX_LINE as u64 + 1).read_line(&mut line) {
             Ok(0) => Err(format!("{} closed the connection", self.peer)),
+            Ok(n) if n > MAX_LINE => Err(too_long(&self.peer)),
             Ok(_) if !line.ends_with('\n') => Err(format!("{} closed the connection mid-line", self.peer)),
             Ok(_) => {
                 let line = line.trim_end_matches('\n');
@@ -150,7 +154,9 @@ impl Ctl {
     /// Reads what the peer sent within a short wait and acts on it.
     fn poll_line(&mut self, w: &mut Watch, shared: &Shared) -> Result<(), String> {
         self.r.get_ref().set_read_timeout(Some(BEAT / 5)).map_err(|e| format!("socket timeout: {e}"))?;
-        match self.r.read_line(&mut w.partial) {
+        let room = (MAX_LINE + 1).saturating_sub(w.partial.len()) as u64;
+        match (&mut self.r).take(room).read_line(&mut w.partial) {
+            Ok(_) if w.partial.len() > MAX_LINE => Err(too_long(&self.peer)),
             Ok(0) => Err(format!("{} closed the connection (did it die?)", self.peer)),
             Ok(_) if w.partial.ends_with('\n') => {
                 w.heard = Instant::now();
@@ -182,6 +188,10 @@ impl Ctl {
             Err(e) => Err(format!("reading from {}: {e}", self.peer)),
         }
     }
+}
+
+fn too_long(peer: &str) -> String {
+    format!("{peer} sent a line longer than {MAX_LINE} bytes (no dp-perf line is that long)")
 }
 
 /// What the control side tracks during a test.

@@ -3,72 +3,80 @@
 
 use crate::args::{Args, Test};
 use crate::bw::wr_for;
-use crate::live::Live;
+use crate::live::{Live, Res};
 use crate::setup::{End, Remote};
 use dataplane::verbs::*;
 use dataplane::{Cq, MemRegion, Provider, Qp, Srq};
 use hdrhistogram::Histogram;
 use std::time::{Duration, Instant};
 
-fn post_recv<P: Provider>(e: &mut End<P>, i: u64) {
+fn post_recv<P: Provider>(e: &mut End<P>, i: u64) -> Res<()> {
     let c = RecvChain::one(i, &[e.recv_sge(i)]);
     match e.srq.as_mut() {
         Some(s) => s.post_recv(&c),
         None => e.qps[0].post_recv(&c),
     }
-    .unwrap_or_else(|err| crate::fail("post_recv", err));
+    .map_err(|err| format!("post_recv: {err}"))
 }
 
 /// Receive side of send_lat (both ends): `rx-depth` receives, before the peer may send.
-pub fn post_initial_recvs<P: Provider>(e: &mut End<P>, args: &Args) {
+pub fn post_initial_recvs<P: Provider>(e: &mut End<P>, args: &Args) -> Res<()> {
     for i in 0..args.rx_depth as u64 {
-        post_recv(e, i);
+        post_recv(e, i)?;
     }
+    Ok(())
 }
 
 /// Waits for one receive; `None` when the peer asked to stop.
-fn wait_recv<P: Provider>(e: &mut End<P>, live: &mut Live) -> Option<WorkCompletion> {
+fn wait_recv<P: Provider>(e: &mut End<P>, live: &mut Live) -> Res<Option<WorkCompletion>> {
     let mut wc = [WorkCompletion::default()];
     loop {
-        if e.rcq.poll(&mut wc).unwrap_or_else(|err| crate::fail("poll", err)) == 1 {
+        if e.rcq.poll(&mut wc).map_err(|err| format!("poll: {err}"))? == 1 {
             if !wc[0].is_ok() {
-                crate::fail("receive completion", wc[0].status);
+                return Err(format!("receive completion: {}", wc[0].status));
             }
             live.progress();
-            return Some(wc[0]);
+            return Ok(Some(wc[0]));
         }
-        if live.idle() {
-            return None;
+        if live.idle()? {
+            return Ok(None);
         }
     }
 }
 
 /// Posts one WR (signaled as asked) and reaps send completions without waiting; a full send
 /// queue is drained first.
-fn post_one<P: Provider>(e: &mut End<P>, chain: &mut SendChain, wr: SendWr, sge: Sge, signal: bool, live: &mut Live) {
+fn post_one<P: Provider>(
+    e: &mut End<P>,
+    chain: &mut SendChain,
+    wr: SendWr,
+    sge: Sge,
+    signal: bool,
+    live: &mut Live,
+) -> Res<()> {
     chain.clear();
     chain.push(if signal { wr.signaled() } else { wr }, &[sge]);
     loop {
         match e.qps[0].post_send(chain) {
-            Ok(()) => break,
+            Ok(()) => return Ok(()),
             Err(err) if err.errno == Errno::ENOMEM => {
-                if !reap(e) {
-                    live.idle();
+                if !reap(e)? {
+                    live.idle()?;
                 }
             }
-            Err(err) => crate::fail("post_send", err),
+            Err(err) => return Err(format!("post_send: {err}")),
         }
     }
 }
 
 /// Polls the send CQ once; whether anything completed.
-fn reap<P: Provider>(e: &mut End<P>) -> bool {
+fn reap<P: Provider>(e: &mut End<P>) -> Res<bool> {
     let mut wc = [WorkCompletion::default(); 16];
-    let n = e.scq.poll(&mut wc).unwrap_or_else(|err| crate::fail("poll", err));
+    let n = e.scq.poll(&mut wc).map_err(|err| format!("poll: {err}"))?;
     if let Some(w) = wc[..n].iter().find(|w| !w.is_ok()) {
-        crate::fail("send completion", w.status);
+        return Err(format!("send completion: {}", w.status));
     }
-    n > 0
+    Ok(n > 0)
 }
 
 /// The sequence byte written at the end of message `i` (never 0, so a fresh buffer differs).
@@ -92,42 +100,43 @@ pub fn serve<P: Provider>(
     s: &mut End<P>,
     c: &Remote,
     live: &mut Live,
-) {
+) -> Res<()> {
     let mut chain = SendChain::with_capacity(1, 1);
     let cq_mod = args.cq_mod as u64;
     let dest = s.dests[0];
     match test {
         Test::send_lat => {
             let mut i = 0u64;
-            while let Some(w) = wait_recv(s, live) {
+            while let Some(w) = wait_recv(s, live)? {
                 // Answer first, then repost: the reply is the critical path, and rx_depth
                 // receives stay posted, so the next ping always finds one.
                 let wr = wr_for(test, i, i, size, inline, dest, c);
-                post_one(s, &mut chain, wr, s.sge(0, size), (i + 1) % cq_mod == 0, live);
-                post_recv(s, w.wr_id);
-                reap(s);
+                post_one(s, &mut chain, wr, s.sge(0, size), (i + 1) % cq_mod == 0, live)?;
+                post_recv(s, w.wr_id)?;
+                reap(s)?;
                 i += 1;
             }
+            Ok(())
         }
         Test::write_lat => {
             let mut i = 0u64;
             loop {
                 let want = seq_byte(i);
                 while last_byte(&s.region, size) != want {
-                    if live.idle() {
-                        return;
+                    if live.idle()? {
+                        return Ok(());
                     }
                 }
                 live.progress();
                 // Reply from slot 1 into the client's slot 0 (we poll our slot 0).
                 s.region.fill(s.slot as usize + size as usize - 1, 1, want);
                 let wr = wr_for(test, 0, 0, size, inline, dest, c);
-                post_one(s, &mut chain, wr, s.sge(1, size), (i + 1) % cq_mod == 0, live);
-                reap(s);
+                post_one(s, &mut chain, wr, s.sge(1, size), (i + 1) % cq_mod == 0, live)?;
+                reap(s)?;
                 i += 1;
             }
         }
-        _ => {} // one-sided tests need nothing from the server
+        _ => Ok(()), // one-sided tests need nothing from the server
     }
 }
 
@@ -141,7 +150,7 @@ pub fn run_client<P: Provider>(
     c: &mut End<P>,
     s: &Remote,
     live: &mut Live,
-) -> Histogram<u64> {
+) -> Res<Histogram<u64>> {
     let iters = if args.duration.is_some() { u64::MAX } else { args.iterations() };
     let deadline = args.duration.map(|d| Instant::now() + Duration::from_secs_f64(d));
     let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("constant histogram bounds");
@@ -156,12 +165,14 @@ pub fn run_client<P: Provider>(
         let sample = match test {
             Test::send_lat => {
                 let wr = wr_for(test, i, i, size, inline, dest, s);
-                post_one(c, &mut chain, wr, c.sge(0, size), (i + 1) % cq_mod == 0, live);
-                let Some(w) = wait_recv(c, live) else { crate::fail("send_lat", "stopped while waiting for a reply") };
+                post_one(c, &mut chain, wr, c.sge(0, size), (i + 1) % cq_mod == 0, live)?;
+                let Some(w) = wait_recv(c, live)? else {
+                    return Err("send_lat: stopped while waiting for a reply".into());
+                };
                 // The sample ends at the reply's completion; reposting is bookkeeping.
                 let ns = t0.elapsed().as_nanos() as u64 / 2;
-                post_recv(c, w.wr_id);
-                reap(c);
+                post_recv(c, w.wr_id)?;
+                reap(c)?;
                 ns
             }
             Test::write_lat => {
@@ -169,25 +180,25 @@ pub fn run_client<P: Provider>(
                 // Send from slot 1 into the server's slot 0; the echo lands in our slot 0.
                 c.region.fill(c.slot as usize + size as usize - 1, 1, want);
                 let wr = wr_for(test, 0, 0, size, inline, dest, s);
-                post_one(c, &mut chain, wr, c.sge(1, size), (i + 1) % cq_mod == 0, live);
+                post_one(c, &mut chain, wr, c.sge(1, size), (i + 1) % cq_mod == 0, live)?;
                 while last_byte(&c.region, size) != want {
-                    live.idle();
+                    live.idle()?;
                 }
                 live.progress();
                 let ns = t0.elapsed().as_nanos() as u64 / 2;
-                reap(c);
+                reap(c)?;
                 ns
             }
             _ => {
                 let len = if test == Test::atomic_lat { 8 } else { size };
                 let wr = wr_for(test, i, i, size, 0, dest, s);
-                post_one(c, &mut chain, wr, c.sge(0, len), true, live);
-                while c.scq.poll(&mut wc).unwrap_or_else(|e| crate::fail("poll", e)) == 0 {
-                    live.idle();
+                post_one(c, &mut chain, wr, c.sge(0, len), true, live)?;
+                while c.scq.poll(&mut wc).map_err(|e| format!("poll: {e}"))? == 0 {
+                    live.idle()?;
                 }
                 live.progress();
                 if !wc[0].is_ok() {
-                    crate::fail("completion", wc[0].status);
+                    return Err(format!("completion: {}", wc[0].status));
                 }
                 t0.elapsed().as_nanos() as u64
             }
@@ -201,5 +212,5 @@ pub fn run_client<P: Provider>(
             }
         }
     }
-    hist
+    Ok(hist)
 }

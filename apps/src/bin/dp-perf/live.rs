@@ -3,11 +3,16 @@
 //! clock. So no wait can hang: a peer that finished stops the server's loops, a dead peer or a
 //! broken control connection (seen by the control thread) fails the run with its reason, and
 //! on the client a wait without any progress for `--peer-timeout` fails the run (a lost UD/UC
-//! message, a stuck peer).
+//! message, a stuck peer). A failure is an `Err` that the test thread returns up to `main`,
+//! never an exit from inside the loop: destructors must run (the last context of an shm
+//! fabric removes its file).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+
+/// A data-path result: `Err` is the sentence saying why the run cannot go on.
+pub type Res<T> = Result<T, String>;
 
 /// State shared between the test threads and the control thread of one message size.
 #[derive(Default)]
@@ -64,23 +69,20 @@ impl<'a> Live<'a> {
         self.moved = true;
     }
 
-    /// A poll found nothing. Returns true when the peer asked to stop; fails the run (exit 1
-    /// with the reason) when the peer is dead or nothing progressed for the timeout.
+    /// A poll found nothing. `Ok(true)` when the peer asked to stop; `Err` with the reason
+    /// when the peer is dead or nothing progressed for the timeout.
     #[inline]
-    pub fn idle(&mut self) -> bool {
+    pub fn idle(&mut self) -> Result<bool, String> {
         self.idle = self.idle.wrapping_add(1);
         if self.idle % 1024 != 0 {
-            return false;
+            return Ok(false);
         }
         self.check()
     }
 
     #[cold]
-    fn check(&mut self) -> bool {
-        match self.verdict(Instant::now()) {
-            Ok(stop) => stop,
-            Err(why) => crate::fail(self.what, why),
-        }
+    fn check(&mut self) -> Result<bool, String> {
+        self.verdict(Instant::now()).map_err(|why| format!("{}: {why}", self.what))
     }
 
     /// What the checks conclude at `now`: `Ok(true)` to stop, `Ok(false)` to keep waiting,
@@ -136,7 +138,7 @@ mod tests {
         let sh = Shared::default();
         sh.stop();
         let mut l = Live::until_stop(&sh, "test");
-        let calls = (1..=4096).find(|_| l.idle());
+        let calls = (1..=4096).find(|_| l.idle() == Ok(true));
         assert_eq!(calls, Some(1024), "the flags are read every 1024 idle polls");
     }
 }

@@ -18,8 +18,9 @@ use args::ProviderKind;
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches};
 
-/// Prints `what: err` and exits 1.
-pub fn fail(what: &str, err: impl std::fmt::Display) -> ! {
+/// Prints `what: err` and exits 1. Only for `main`: everywhere else an error returns up to it,
+/// so that destructors run (the shm fabric file is removed by the last context's drop).
+fn fail(what: &str, err: impl std::fmt::Display) -> ! {
     eprintln!("dp-perf: {what}: {err}");
     std::process::exit(1)
 }

@@ -10,6 +10,15 @@ use clap::ValueEnum;
 /// First word of the line; a different one means another dp-perf version.
 const VERSION: &str = "dp-perf/1";
 
+/// Longest parameter line the server reads (the longest real one, a `-a` sweep of 23 sizes, is
+/// about 400 bytes): a client cannot make the server buffer an endless line.
+pub const MAX_LINE: u64 = 4096;
+
+/// Largest message the server takes from a client that it was not given itself: the `-a`
+/// sweep's top. A client cannot make a server that listens on every address register GBs;
+/// larger runs need the same `-s` on the server.
+pub const MAX_CLIENT_SIZE: u64 = 1 << 23;
+
 /// The client's line (`sizes` resolved against its device).
 pub fn to_wire(a: &Args, sizes: &[u64], fabric: &str) -> String {
     let list: Vec<String> = sizes.iter().map(u64::to_string).collect();
@@ -95,8 +104,18 @@ fn take(a: &mut Args, key: &str, theirs: &str, fabric: &str) -> Result<(), Strin
         }
         "sizes" => {
             let list: Vec<u64> = theirs.split(',').map(num).collect::<Result<_, _>>()?;
-            if list.is_empty() || list.contains(&0) {
+            if list.is_empty() {
                 return Err(format!("the client sent sizes={theirs:?}"));
+            }
+            let allowed = a.size.unwrap_or(0).max(MAX_CLIENT_SIZE);
+            for &s in &list {
+                Args::check_size(s).map_err(|e| format!("the client sent sizes={s}: {e}"))?;
+                if s > allowed {
+                    return Err(format!(
+                        "the client sent sizes={s}: this server takes at most {allowed} bytes from a client (give \
+                         the server -s {s} to allow it)"
+                    ));
+                }
             }
             let cap = list.iter().copied().max().unwrap_or(0);
             let mine = a.sizes(cap).map(|s| s.iter().map(u64::to_string).collect::<Vec<_>>().join(","));
@@ -222,6 +241,28 @@ mod tests {
         assert!(adopt(&mut s, &line).unwrap_err().contains("--provider shm, this server --provider rdma"));
         let mut s = parse(&["dp-perf", "send_bw", "--fabric", "other"]);
         assert!(adopt(&mut s, &line).unwrap_err().contains("--fabric differs"));
+    }
+
+    #[test]
+    fn hostile_sizes_are_refused_before_anything_is_allocated() {
+        let c = parse(&["dp-perf", "send_bw", "host"]);
+        let line = to_wire(&c, &[8], "f");
+        for (bad, why) in [
+            ("4294967296", "at most 4 GiB - 1"),
+            ("18446744073709551615", "at most 4 GiB - 1"),
+            ("0", "at least 1"),
+            ("8,0", "at least 1"),
+            ("16777216", "takes at most 8388608 bytes from a client"),
+        ] {
+            let mut s = parse(&["dp-perf", "send_bw"]);
+            let e = adopt(&mut s, &line.replace("sizes=8", &format!("sizes={bad}"))).unwrap_err();
+            assert!(e.contains(why), "sizes={bad}: {e}");
+            assert!(e.contains("the client sent sizes="), "sizes={bad}: {e}");
+        }
+        // A server given the larger size itself takes it.
+        let c = parse(&["dp-perf", "send_bw", "host", "-s", "16777216"]);
+        let mut s = parse(&["dp-perf", "send_bw", "-s", "16777216"]);
+        adopt(&mut s, &to_wire(&c, &[16777216], "f")).unwrap();
     }
 
     #[test]

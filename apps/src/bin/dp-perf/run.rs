@@ -7,7 +7,7 @@ use crate::bw::{self, Bw};
 use crate::ctl::{Ctl, SETUP_TIMEOUT};
 use crate::live::{Live, Shared};
 use crate::report::{self, Info, Lat, Report};
-use crate::setup::{shm_fabric, slot_count, slot_len, Backend, End, Remote};
+use crate::setup::{shm_fabric, slot_count, slot_len, slots_mem, Backend, End, Remote};
 use crate::{lat, params};
 use dataplane::{Context, Provider};
 use hdrhistogram::Histogram;
@@ -36,8 +36,13 @@ pub fn run<P: Backend>(mut args: Args) -> Res<()> {
 }
 
 /// Bytes one end registers for the largest of `sizes`.
-fn max_mem(args: &Args, sizes: &[u64]) -> u64 {
-    sizes.iter().map(|&s| slot_len(s) * slot_count(args, s)).max().unwrap_or(0)
+fn max_mem(args: &Args, sizes: &[u64]) -> Res<u64> {
+    let mut max = 0;
+    for &size in sizes {
+        let slot = slot_len(size)?;
+        max = max.max(slots_mem(slot, slot_count(args, slot))?);
+    }
+    Ok(max)
 }
 
 fn open<P: Backend>(args: &Args, mem: u64) -> Res<P::Context> {
@@ -50,7 +55,7 @@ fn open_sized<P: Backend>(args: &Args) -> Res<(P::Context, Vec<u64>)> {
     match P::KNOWN_MTU {
         Some(mtu) => {
             let sizes = sizes_for(mtu)?;
-            Ok((open::<P>(args, max_mem(args, &sizes))?, sizes))
+            Ok((open::<P>(args, max_mem(args, &sizes)?)?, sizes))
         }
         None => {
             let ctx = open::<P>(args, 0)?; // its memory comes later, per size
@@ -90,13 +95,14 @@ fn info<P: Backend>(args: &Args, ctx: &P::Context) -> Res<Info> {
     })
 }
 
-fn pin(core: Option<usize>, flag: &str) {
+fn pin(core: Option<usize>, flag: &str) -> Res<()> {
     if let Some(c) = core {
         if !core_affinity::set_for_current(core_affinity::CoreId { id: c }) {
             let n = std::thread::available_parallelism().map_or(1, |n| n.get());
-            crate::fail(flag, format!("cannot pin to core {c} (this machine has {n} cores)"));
+            return Err(format!("{flag}: cannot pin to core {c} (this machine has {n} cores)"));
         }
     }
+    Ok(())
 }
 
 fn peer_timeout(args: &Args) -> Duration {
@@ -104,29 +110,26 @@ fn peer_timeout(args: &Args) -> Duration {
 }
 
 /// Receives the side must post before the other may send.
-fn prepare<P: Provider>(test: Test, e: &mut End<P>, args: &Args, server: bool) {
+fn prepare<P: Provider>(test: Test, e: &mut End<P>, args: &Args, server: bool) -> Res<()> {
     match test {
         Test::send_bw if server => bw::post_initial_recvs(e, args),
         Test::send_lat => lat::post_initial_recvs(e, args),
-        _ => {}
+        _ => Ok(()),
     }
 }
 
 /// The server's part of one size; returns how many messages it received (send_bw).
-fn serve<P: Provider>(args: &Args, size: u64, inline: u32, s: &mut End<P>, c: &Remote, sh: &Shared) -> u64 {
+fn serve<P: Provider>(args: &Args, size: u64, inline: u32, s: &mut End<P>, c: &Remote, sh: &Shared) -> Res<u64> {
     let mut live = Live::until_stop(sh, "server");
     match args.test {
         Test::send_bw => bw::serve_recv(s, &mut live),
-        Test::send_lat | Test::write_lat => {
-            lat::serve(args.test, args, size, inline, s, c, &mut live);
-            0
-        }
+        Test::send_lat | Test::write_lat => lat::serve(args.test, args, size, inline, s, c, &mut live).map(|()| 0),
         _ => {
             // One-sided: nothing to do but wait for the end, without spinning a core.
-            while !live.idle() {
+            while !live.idle()? {
                 std::thread::sleep(Duration::from_micros(200));
             }
-            0
+            Ok(0)
         }
     }
 }
@@ -135,19 +138,23 @@ fn serve<P: Provider>(args: &Args, size: u64, inline: u32, s: &mut End<P>, c: &R
 /// plus the time the bytes between two completions take at 1 MB/s (a floor for slow links such
 /// as emulated Soft-RoCE), so only a lost message or a stuck peer reaches it.
 fn progress_timeout(args: &Args, size: u64) -> Duration {
-    let per_completion = if args.test.is_lat() { 2 * size } else { size * args.cq_mod as u64 * args.qps as u64 };
+    let per_completion = if args.test.is_lat() {
+        2 * size
+    } else {
+        size.saturating_mul(args.cq_mod as u64).saturating_mul(args.qps as u64)
+    };
     peer_timeout(args) + Duration::from_secs_f64(per_completion as f64 / 1e6)
 }
 
 /// The client's part of one size.
-fn measure<P: Provider>(args: &Args, size: u64, inline: u32, c: &mut End<P>, s: &Remote, sh: &Shared) -> Outcome {
+fn measure<P: Provider>(args: &Args, size: u64, inline: u32, c: &mut End<P>, s: &Remote, sh: &Shared) -> Res<Outcome> {
     let limit = progress_timeout(args, size);
     if args.test.is_lat() {
         let mut live = Live::with_timeout(sh, limit, "waiting for a reply or completion");
-        Outcome::Lat(lat::run_client(args.test, args, size, inline, c, s, &mut live))
+        lat::run_client(args.test, args, size, inline, c, s, &mut live).map(Outcome::Lat)
     } else {
         let mut live = Live::with_timeout(sh, limit, "waiting for send completions");
-        Outcome::Bw(bw::run_client(args.test, args, size, inline, c, s, &mut live))
+        bw::run_client(args.test, args, size, inline, c, s, &mut live).map(Outcome::Bw)
     }
 }
 
@@ -170,7 +177,7 @@ fn new_report(args: &Args, info: Info) -> Res<Report> {
 
 fn loopback<P: Backend>(args: &Args) -> Res<()> {
     let (cctx, sizes) = open_sized::<P>(args)?;
-    let sctx = open::<P>(args, max_mem(args, &sizes))?;
+    let sctx = open::<P>(args, max_mem(args, &sizes)?)?;
     let info = info::<P>(args, &cctx)?;
     let inline = info.inline;
     let mut rep = new_report(args, info)?;
@@ -187,19 +194,23 @@ fn loopback<P: Backend>(args: &Args) -> Res<()> {
         s.connect(args, &ec).map_err(err("server connect"))?;
         c.connect(args, &es).map_err(err("client connect"))?;
         let (to_c, to_s) = (Remote::new(&c.mem(), c.slot)?, Remote::new(&s.mem(), s.slot)?);
-        prepare(args.test, &mut s, args, true);
-        prepare(args.test, &mut c, args, false);
+        prepare(args.test, &mut s, args, true)?;
+        prepare(args.test, &mut c, args, false)?;
         let sh = Shared::default();
         let outcome = std::thread::scope(|sc| {
             let (sh, srv) = (&sh, &mut s);
             let server = args.test.server_active().then(|| {
                 sc.spawn(move || {
-                    pin(args.peer_core.try_into().ok(), "--peer-core");
-                    serve(args, size, inline, srv, &to_c, sh)
+                    pin(args.peer_core.try_into().ok(), "--peer-core")?;
+                    let r = serve(args, size, inline, srv, &to_c, sh);
+                    if let Err(why) = &r {
+                        sh.kill(format!("the server thread failed: {why}")); // the client must not wait for it
+                    }
+                    r
                 })
             });
             let client = sc.spawn(|| {
-                pin(args.my_core(), "--core");
+                pin(args.my_core(), "--core")?;
                 let o = measure(args, size, inline, &mut c, &to_s, sh);
                 sh.stop();
                 o
@@ -207,9 +218,9 @@ fn loopback<P: Backend>(args: &Args) -> Res<()> {
             let o = client.join().map_err(|_| "the client thread panicked".to_owned());
             sh.stop(); // also when the client panicked: the server must not wait forever
             if let Some(t) = server {
-                t.join().map_err(|_| "the server thread panicked".to_owned())?;
+                t.join().map_err(|_| "the server thread panicked".to_owned())??;
             }
-            o
+            o?
         })?;
         print(args, &mut rep, size, &outcome)?;
     }
@@ -239,7 +250,7 @@ fn client<P: Backend>(args: &Args) -> Res<()> {
 
 fn client_size<P: Backend>(args: &Args, ctx: &P::Context, ctl: &mut Ctl, size: u64, inline: u32) -> Res<Outcome> {
     let mut c = End::<P>::open(ctx, args, size, inline, false).map_err(err("setup"))?;
-    prepare(args.test, &mut c, args, false);
+    prepare(args.test, &mut c, args, false)?;
     ctl.send(&format!("size {size} qps {}", c.qps.len()))?;
     ctl.send_addrs(&c.endpoints(args.gid_index).map_err(err("endpoint"))?, &c.mem())?;
     ctl.expect("ready", SETUP_TIMEOUT)?;
@@ -249,11 +260,11 @@ fn client_size<P: Backend>(args: &Args, ctx: &P::Context, ctl: &mut Ctl, size: u
     let sh = Shared::default();
     let (o, theirs) = std::thread::scope(|sc| {
         let t = sc.spawn(|| {
-            pin(args.my_core(), "--core");
+            pin(args.my_core(), "--core")?;
             measure(args, size, inline, &mut c, &to_s, &sh)
         });
         let early = ctl.watch(&sh, &t, peer_timeout(args))?;
-        let o = t.join().map_err(|_| "the test thread panicked".to_owned())?;
+        let o = t.join().map_err(|_| "the test thread panicked".to_owned())??;
         let mine = match &o {
             Outcome::Bw(b) => format!("bw {}", b.to_wire()),
             Outcome::Lat(h) => format!("lat {}", Lat::of(h).to_wire()),
@@ -280,10 +291,10 @@ fn server<P: Backend>(args: &mut Args) -> Res<()> {
 }
 
 fn server_run<P: Backend>(args: &mut Args, ctl: &mut Ctl) -> Res<()> {
-    let line = ctl.recv(SETUP_TIMEOUT)?;
+    let line = ctl.recv(SETUP_TIMEOUT).map_err(|e| format!("parameter line: {e}"))?;
     params::adopt(args, &line).map_err(|e| format!("parameters: {e}"))?;
     let sizes = args.sizes(u64::MAX)?;
-    let ctx = open::<P>(args, max_mem(args, &sizes))?;
+    let ctx = open::<P>(args, max_mem(args, &sizes)?)?;
     let info = info::<P>(args, &ctx)?;
     let inline = info.inline;
     ctl.send("ok")?;
@@ -298,17 +309,17 @@ fn server_run<P: Backend>(args: &mut Args, ctl: &mut Ctl) -> Res<()> {
         let (eps, mem) = ctl.recv_addrs(s.qps.len())?;
         s.connect(args, &eps).map_err(err("connect"))?;
         let to_c = Remote::new(&mem, s.slot)?;
-        prepare(args.test, &mut s, args, true);
+        prepare(args.test, &mut s, args, true)?;
         ctl.send("ready")?;
         ctl.send_addrs(&s.endpoints(args.gid_index).map_err(err("endpoint"))?, &s.mem())?;
         let sh = Shared::default();
         let theirs = std::thread::scope(|sc| {
             let t = sc.spawn(|| {
-                pin(args.my_core(), "--core");
+                pin(args.my_core(), "--core")?;
                 serve(args, size, inline, &mut s, &to_c, &sh)
             });
             let early = ctl.watch(&sh, &t, peer_timeout(args))?;
-            let got = t.join().map_err(|_| "the test thread panicked".to_owned())?;
+            let got = t.join().map_err(|_| "the test thread panicked".to_owned())??;
             ctl.finish(&sh, &got.to_string(), early, peer_timeout(args))
         })?;
         let bad = || format!("the client sent unreadable results: {theirs:?}");

@@ -89,14 +89,24 @@ pub fn shm_fabric(args: &Args) -> String {
 }
 
 /// Bytes per buffer slot for messages of `size` (room for UD's GRH, 64-byte aligned).
-pub fn slot_len(size: u64) -> u64 {
-    (size + GRH_LEN as u64).next_multiple_of(64)
+/// Checked: the size may come from a client over the network.
+pub fn slot_len(size: u64) -> std::result::Result<u64, String> {
+    size.checked_add(GRH_LEN as u64)
+        .and_then(|n| n.checked_next_multiple_of(64))
+        .ok_or_else(|| format!("a {size}-byte message does not fit a buffer slot"))
 }
 
-/// Number of slots for messages of `size`: one per queue entry, at most [`MEM_CAP`] bytes.
-pub fn slot_count(args: &Args, size: u64) -> u64 {
+/// Number of slots of `slot` bytes: one per queue entry, at most [`MEM_CAP`] bytes.
+pub fn slot_count(args: &Args, slot: u64) -> u64 {
     let want = (args.rx_depth.max(args.tx_depth) as u64).max(2);
-    want.min((MEM_CAP / slot_len(size)).max(2))
+    want.min((MEM_CAP / slot.max(1)).max(2))
+}
+
+/// Bytes of `slots` slots of `slot` bytes, if they can be addressed here.
+pub fn slots_mem(slot: u64, slots: u64) -> std::result::Result<u64, String> {
+    slot.checked_mul(slots)
+        .filter(|&m| usize::try_from(m).is_ok())
+        .ok_or_else(|| format!("{slots} slots of {slot} bytes do not fit the address space"))
 }
 
 /// One end of a test.
@@ -128,8 +138,10 @@ impl<P: Backend> End<P> {
     /// Creates the resources for messages of `size` and brings the QPs to INIT.
     /// `server` selects the receive side's SRQ (--use-srq).
     pub fn open(ctx: &P::Context, args: &Args, size: u64, inline: u32, server: bool) -> Result<End<P>> {
-        let (slot, slots) = (slot_len(size), slot_count(args, size));
-        let mem = (slot * slots) as usize;
+        let inval = |e: String| Error::new(Errno::EINVAL, e);
+        let slot = slot_len(size).map_err(inval)?;
+        let slots = slot_count(args, slot);
+        let mem = slots_mem(slot, slots).map_err(inval)? as usize;
         let pd = ctx.alloc_pd()?;
         let region = ctx.alloc_region(mem)?;
         if args.hugepages {
@@ -141,13 +153,13 @@ impl<P: Backend> End<P> {
             | AccessFlags::REMOTE_ATOMIC;
         let mr = pd.reg_mr(&region, 0, mem, access)?;
         let nq = args.qps;
-        let scq = ctx.create_cq((args.tx_depth * nq).max(64))?;
+        let scq = ctx.create_cq(args.tx_depth.saturating_mul(nq).max(64))?;
         let srq = if server && args.use_srq {
             Some(pd.create_srq(&SrqAttr { max_wr: args.rx_depth, max_sge: 1, srq_limit: 0 })?)
         } else {
             None
         };
-        let rcq = ctx.create_cq((args.rx_depth * if srq.is_some() { 1 } else { nq }).max(64))?;
+        let rcq = ctx.create_cq(args.rx_depth.saturating_mul(if srq.is_some() { 1 } else { nq }).max(64))?;
         let qp_type = match args.conn {
             Conn::RC => QpType::Rc,
             Conn::UC => QpType::Uc,

@@ -1,0 +1,58 @@
+//! What an shm device and its fabric can hold, known without opening one: for checks made
+//! before a run (`dataplane check`), so that a pipeline the device cannot hold is refused with
+//! the field to change instead of failing at bring-up.
+
+use super::layout::{recv_stride, CQE_STRIDE, TABLES};
+use super::ring::Ring;
+use crate::verbs::DeviceCaps;
+
+/// The limits an shm context on a fabric of `fabric_size` bytes reports (its `caps()`).
+pub fn caps(fabric_size: u64) -> DeviceCaps {
+    super::shm_caps(fabric_size)
+}
+
+/// The active MTU of the shm port, in bytes.
+pub fn port_mtu() -> u32 {
+    super::qp::SHM_MTU
+}
+
+/// Bytes at the start of every fabric taken by its object tables (not available to rings and
+/// memory).
+pub fn tables_bytes() -> u64 {
+    TABLES.end as u64
+}
+
+/// Fabric bytes one allocation of `len` bytes takes (the arena allocates in 128-byte units).
+pub fn alloc_bytes(len: u64) -> u64 {
+    len.div_ceil(128).saturating_mul(128)
+}
+
+/// Fabric bytes of a CQ of `cqe` entries.
+pub fn cq_bytes(cqe: u32) -> u64 {
+    alloc_bytes(Ring::bytes(u64::from(cqe).next_power_of_two() as usize, CQE_STRIDE) as u64)
+}
+
+/// Fabric bytes of the ring of an SRQ (or of a QP's own receive queue) of `max_wr` entries
+/// with `max_sge` scatter entries each.
+pub fn recv_queue_bytes(max_wr: u32, max_sge: u32) -> u64 {
+    alloc_bytes(Ring::bytes(u64::from(max_wr).next_power_of_two() as usize, recv_stride(max_sge)) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shm::{Shm, ShmConfig};
+    use crate::{Context, Provider};
+
+    #[test]
+    fn the_figures_match_an_open_device() {
+        let name = format!("unit-sizing-{}", std::process::id());
+        let ctx = Shm::open(&ShmConfig { fabric: name, size: 8 << 20, huge: Default::default() }).unwrap();
+        let open = ctx.caps();
+        assert_eq!(caps(open.max_mr_size), open);
+        assert_eq!(port_mtu(), ctx.port_attr(1).unwrap().active_mtu);
+        assert_eq!(cq_bytes(1000), cq_bytes(1024), "rings are powers of two");
+        assert!(cq_bytes(1 << 20) >= 64 << 20, "64-byte CQEs");
+        assert!(cq_bytes(u32::MAX) > cq_bytes(1 << 31), "no overflow at the top of the range");
+    }
+}
