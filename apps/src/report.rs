@@ -54,7 +54,13 @@ pub fn text(r: &RunReport) -> String {
         "ran {:.3} s{}, drain {} in {:.3} s",
         secs,
         if r.interrupted { " (interrupted)" } else { "" },
-        if r.drained { "complete" } else { "INCOMPLETE (messages still in flight at the deadline)" },
+        if r.drained {
+            "complete".to_string()
+        } else if r.peer_gone {
+            format!("INCOMPLETE (the remote peer left; {} messages in flight lost)", r.lost_in_flight)
+        } else {
+            format!("INCOMPLETE ({} messages still in flight at the deadline)", r.lost_in_flight)
+        },
         r.drain_time.as_secs_f64()
     );
     let _ = writeln!(
@@ -164,11 +170,13 @@ pub fn json(r: &RunReport) -> String {
     let mut o = String::new();
     let _ = write!(
         o,
-        "{{\"elapsed_s\":{},\"interrupted\":{},\"drained\":{},\"drain_s\":{},\"gaps\":{},\"leaked\":{},\"workers\":[",
+        "{{\"elapsed_s\":{},\"interrupted\":{},\"drained\":{},\"drain_s\":{},\"peer_gone\":{},\"lost_in_flight\":{},\"gaps\":{},\"leaked\":{},\"workers\":[",
         num(secs),
         r.interrupted,
         r.drained,
         num(r.drain_time.as_secs_f64()),
+        r.peer_gone,
+        r.lost_in_flight,
         total_gaps(r),
         total_leaked(r)
     );

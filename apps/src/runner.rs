@@ -73,6 +73,11 @@ pub struct RunReport {
     pub pools: Vec<PoolReport>,
     /// Whether the run ended because of Ctrl-C.
     pub interrupted: bool,
+    /// Whether a remote peer left (its exchange connection closed) before or during the
+    /// drain; the drain then ends as soon as nothing moves.
+    pub peer_gone: bool,
+    /// Messages sent on RC QPs and not received back when the drain ended (0 when drained).
+    pub lost_in_flight: u64,
 }
 
 /// Runs the (validated) pipeline `cfg`, its stages made by `registry`. `interrupt` is set by
@@ -207,6 +212,7 @@ where
     let mut last = (0, 0);
     let mut quiet_since = Instant::now();
     let mut interrupted = false;
+    let mut peer_gone = false;
     loop {
         std::thread::sleep(Duration::from_millis(10));
         if ctl.stop.load(Ordering::Acquire) || handles.iter().any(|h| h.is_finished()) {
@@ -218,6 +224,7 @@ where
         }
         if let Some(addr) = links.closed() {
             eprintln!("dataplane: the remote peer at {addr} closed its connection; stopping");
+            peer_gone = true;
             break;
         }
         if let Some(d) = opts.duration {
@@ -255,6 +262,12 @@ where
             drained = true;
             break;
         }
+        // A remote peer that left answers nothing more: once the counters stop moving, what
+        // is still in flight is lost; waiting out the deadline would not bring it back.
+        if (peer_gone || links.closed().is_some()) && stable >= 5 {
+            peer_gone = true;
+            break;
+        }
     }
     let drain_time = drain_start.elapsed();
     ctl.stop.store(true, Ordering::Release);
@@ -282,7 +295,15 @@ where
             leaked: pool.outstanding(),
         })
         .collect();
-    Ok(RunReport { elapsed, drained, drain_time, workers, pools, interrupted })
+    let lost = if drained {
+        0
+    } else {
+        {
+            let n = in_flight();
+            n.0.saturating_sub(n.1)
+        }
+    };
+    Ok(RunReport { elapsed, drained, drain_time, workers, pools, interrupted, peer_gone, lost_in_flight: lost })
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -171,3 +171,35 @@ fn a_peer_killed_during_the_exchange_is_reported_as_gone() {
     assert!(stderr.contains("the remote peer closed the connection before the exchange finished"), "{stderr}");
     assert!(!stderr.contains("number of QPs"), "misleading hint: {stderr}");
 }
+
+#[test]
+fn the_survivor_of_a_killed_peer_does_not_wait_out_the_drain() {
+    let port = free_port().to_string();
+    let addr = format!("127.0.0.1:{port}");
+    let server_cfg = example_with("survivor", "remote-server.toml", &[("127.0.0.1:7470", addr.as_str())]);
+    let client_cfg = example_with("survivor", "remote-client.toml", &[("127.0.0.1:7470", addr.as_str())]);
+    let fabric = format!("test-remote-survivor-{}", std::process::id());
+    let mut server = spawn(&server_cfg, &fabric, &[]);
+    let client = spawn(&client_cfg, &fabric, &["--duration", "60s"]);
+    // Both up (their live-stats segments appear before the exchange), traffic for a while,
+    // then the server dies without a word.
+    let up = |pid: u32| PathBuf::from(format!("/dev/shm/dataplane-stats.{fabric}.{pid}"));
+    let start = Instant::now();
+    while !(up(server.id()).exists() && up(client.id()).exists()) && start.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    server.kill().unwrap();
+    let killed = Instant::now();
+    let _ = server.wait();
+    let c = wait(client, Duration::from_secs(30), "client after its server was killed");
+    let took = killed.elapsed();
+    let json = String::from_utf8_lossy(&c.stdout);
+    let stderr = String::from_utf8_lossy(&c.stderr);
+    assert!(stderr.contains("closed its connection"), "{stderr}");
+    assert!(json.contains("\"peer_gone\":true"), "{json}");
+    // Nothing more can come back: the drain ends once the counters stop (100 ms), not at its
+    // 10 s deadline.
+    assert!(took < Duration::from_secs(5), "the client took {took:?} to end; stderr: {stderr}");
+    let _ = std::fs::remove_file(format!("/dev/shm/dataplane.{fabric}"));
+}
