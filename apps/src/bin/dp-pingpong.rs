@@ -209,7 +209,8 @@ fn run<P: Device>(a: &Args) -> Result<()> {
             qp_type: if a.ud { QpType::Ud } else { QpType::Rc },
             sq_sig_all: false,
         })?;
-        qp.modify(&QpAttr { state: QpState::Init, port_num: a.ib_port, qkey: UD_QKEY, ..Default::default() })?;
+        // INIT now, to post the receives before the exchange.
+        qp.bring_up_to_init(&ConnectOpts { port_num: a.ib_port, qkey: UD_QKEY, ..Default::default() })?;
         qps.push(qp);
     }
     let sge = Sge::new(mr.addr() + u64::from(grh), a.size, mr.lkey());
@@ -229,8 +230,7 @@ fn run<P: Device>(a: &Args) -> Result<()> {
     let mut locals = Vec::with_capacity(nq);
     for (i, qp) in qps.iter_mut().enumerate() {
         if a.ud {
-            qp.modify(&QpAttr { state: QpState::Rtr, ..Default::default() })?;
-            qp.modify(&QpAttr { state: QpState::Rts, sq_psn: psn(i), ..Default::default() })?;
+            qp.ready(&ConnectOpts { sq_psn: psn(i), ..Default::default() })?;
         }
         let mut local = qp.endpoint(a.gid_idx)?;
         local.psn = psn(i);
@@ -257,25 +257,10 @@ fn run<P: Device>(a: &Args) -> Result<()> {
             return Ok(());
         }
         for (i, (qp, r)) in qps.iter_mut().zip(remotes).enumerate() {
-            qp.modify(&QpAttr {
-                state: QpState::Rtr,
-                path_mtu: a.mtu,
-                dest_qp_num: r.qpn,
-                rq_psn: r.psn,
-                max_dest_rd_atomic: 1,
-                min_rnr_timer: 12,
-                ah: ah_attr(r),
-                ..Default::default()
-            })?;
-            qp.modify(&QpAttr {
-                state: QpState::Rts,
-                sq_psn: psn(i),
-                timeout: 14,
-                retry_cnt: 7,
-                rnr_retry: 7,
-                max_rd_atomic: 1,
-                ..Default::default()
-            })?;
+            // rdma-core's pingpongs' attributes: RNR timer 12, timeout 14, 7 retries.
+            let peer = PeerAddr { qpn: r.qpn, psn: r.psn, ah: ah_attr(r) };
+            let opts = ConnectOpts { port_num: a.ib_port, path_mtu: a.mtu, sq_psn: psn(i), ..Default::default() };
+            qp.connect(&peer, &opts)?;
         }
         Ok(())
     };

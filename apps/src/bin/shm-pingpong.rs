@@ -172,17 +172,18 @@ impl End {
         let cap = QpCaps { max_send_wr: 512, max_recv_wr: RQ_DEPTH, max_inline_data: 256, ..Default::default() };
         let attr = QpInitAttr { send_cq: &scq, recv_cq: &rcq, srq: None, cap, qp_type: QpType::Rc, sq_sig_all: false };
         let mut qp = pd.create_qp(&attr).map_err(err_in("create_qp"))?;
-        qp.modify(&QpAttr { state: QpState::Init, ..Default::default() }).map_err(err_in("modify INIT"))?;
+        // INIT now, to post the receives before the peer's QPN is known.
+        qp.bring_up_to_init(&ConnectOpts::default()).map_err(err_in("modify INIT"))?;
         let mut e = End { ctx, region, mr, scq, rcq, qp, rchain: RecvChain::with_capacity(64, 64) };
         e.post_recvs((0..RQ_DEPTH as u64).collect::<Vec<_>>().as_slice())?;
         Ok(e)
     }
 
     fn connect(&mut self, peer: u32) -> Res<()> {
-        let rtr = QpAttr { state: QpState::Rtr, dest_qp_num: peer, min_rnr_timer: 1, ..Default::default() };
-        self.qp.modify(&rtr).map_err(err_in("modify RTR"))?;
-        let rts = QpAttr { state: QpState::Rts, rnr_retry: 7, ..Default::default() };
-        self.qp.modify(&rts).map_err(err_in("modify RTS"))
+        // shm QP numbers are fabric-wide: no route needed beyond the port.
+        let peer = PeerAddr { qpn: peer, psn: 0, ah: AhAttr { port_num: 1, ..Default::default() } };
+        let opts = ConnectOpts { min_rnr_timer: 1, rnr_retry: 7, ..Default::default() };
+        self.qp.connect(&peer, &opts).map_err(err_in("connect"))
     }
 
     /// Posts receives for the given slots, in chains of up to 64 (one doorbell each).

@@ -2,7 +2,7 @@
 //! each; the final value is exact, because `shm` atomics are real atomic instructions on the
 //! target's memory, atomic across processes.
 
-use crate::harness::{to_init, to_rtr, to_rts, ConnOpts, DEADLINE};
+use crate::harness::{bring_up, to_init, ConnOpts, DEADLINE};
 use dataplane::mem::HugePolicy;
 use dataplane::shm::{Shm, ShmConfig};
 use dataplane::verbs::*;
@@ -51,8 +51,7 @@ fn side(fabric: &str, n: usize) -> Side {
 
 fn connect(qp: &mut <Shm as Provider>::Qp, peer: u32) {
     let o = ConnOpts::default();
-    to_rtr(qp, &Endpoint { qpn: peer, ..Default::default() }, &o);
-    to_rts(qp, &o);
+    bring_up(qp, &Endpoint { qpn: peer, ..Default::default() }, &o);
 }
 
 /// One atomic on `qp`, waiting for its completion; returns the old value.

@@ -456,8 +456,7 @@ pub fn post_send_before_rts_einval<H: Harness>(t: &str) {
     let o = ConnOpts::default();
     let (ea, eb) = (qa.endpoint(H::gid_index()).unwrap(), qb.endpoint(H::gid_index()).unwrap());
     to_init(&mut qb, 0, o.access);
-    to_rtr(&mut qb, &ea, &o);
-    to_rts(&mut qb, &o);
+    bring_up(&mut qb, &ea, &o);
     recv(&mut qb, &b, 1, RX, 64);
     let c = SendChain::one(SendWr::send(1).signaled(), &[a.sge(0, 8)]);
     expect_post_err(qa.post_send(&c), Errno::EINVAL, 0);
@@ -983,15 +982,13 @@ pub fn srq_not_fetched_in_reset_init_error<H: Harness>(t: &str) {
             _ => {
                 let ea = qa.endpoint(H::gid_index()).unwrap();
                 to_init(&mut qb, 0, fast.access);
-                to_rtr(&mut qb, &ea, &fast);
-                to_rts(&mut qb, &fast);
+                bring_up(&mut qb, &ea, &fast);
                 qb.modify(&QpAttr { state: QpState::Error, ..Default::default() }).unwrap();
             }
         }
         assert_eq!(qb.state(), state);
         to_init(&mut qa, 0, fast.access);
-        to_rtr(&mut qa, &eb, &fast);
-        to_rts(&mut qa, &fast);
+        bring_up(&mut qa, &eb, &fast);
         send(&mut qa, &a, 7, 0, 8);
         let w = poll_one(&mut a.scq);
         assert_eq!((w.wr_id, w.status), (7, WcStatus::RetryExcErr), "responder in {state:?}");
@@ -1402,8 +1399,7 @@ pub fn invalid_transitions_einval<H: Harness>(t: &str) {
     assert_eq!(qa.state(), QpState::Init);
     let ea = qa.endpoint(H::gid_index()).unwrap();
     to_init(&mut qb, 0, o.access);
-    to_rtr(&mut qb, &ea, &o);
-    to_rts(&mut qb, &o);
+    bring_up(&mut qb, &ea, &o);
     qa.modify(&rtr).unwrap();
     qa.modify(&rts).unwrap();
     recv(&mut qb, &b, 1, RX, 64);
@@ -1450,8 +1446,7 @@ pub fn unreachable_peer_retry_exc<H: Harness>(t: &str) {
     let mut qa = a.qp(QpType::Rc, QpCaps::default(), None, false);
     let o = ConnOpts { retry_cnt: 1, timeout: 1, ..Default::default() };
     to_init(&mut qa, 0, o.access);
-    to_rtr(&mut qa, &gone, &o);
-    to_rts(&mut qa, &o);
+    bring_up(&mut qa, &gone, &o);
     send(&mut qa, &a, 1, 0, 8);
     let s = poll_one(&mut a.scq);
     assert_eq!((s.wr_id, s.status), (1, WcStatus::RetryExcErr));
@@ -1737,8 +1732,7 @@ pub fn srq_fetched_in_rtr_and_sqd<H: Harness>(t: &str) {
     to_init(&mut qb, 0, o.access);
     to_rtr(&mut qb, &ea, &o);
     to_init(&mut qa, 0, o.access);
-    to_rtr(&mut qa, &eb, &o);
-    to_rts(&mut qa, &o);
+    bring_up(&mut qa, &eb, &o);
     assert_eq!(qb.state(), QpState::Rtr);
     send(&mut qa, &a, 1, 0, 8);
     assert_eq!(poll_one(&mut a.scq).status, WcStatus::Success);

@@ -139,21 +139,43 @@ pub fn to_init<Q: Qp>(qp: &mut Q, qkey: u32, access: AccessFlags) {
     qp.modify(&QpAttr { state: QpState::Init, qkey, access, ..Default::default() }).expect("RESET->INIT");
 }
 
-/// Moves `qp` to RTR towards `remote` (connected types) or just RTR (UD).
-pub fn to_rtr<Q: Qp>(qp: &mut Q, remote: &Endpoint, o: &ConnOpts) {
+/// The route the cases use to reach `remote`: global (RoCE needs the GRH), one hop, port 1.
+pub fn peer_addr(remote: &Endpoint) -> PeerAddr {
     let ah =
         AhAttr { dlid: remote.lid, is_global: true, dgid: remote.gid, port_num: 1, hop_limit: 1, ..Default::default() };
+    PeerAddr { qpn: remote.qpn, psn: remote.psn, ah }
+}
+
+impl ConnOpts {
+    /// The provider API's bring-up options for these.
+    pub fn connect_opts(&self) -> ConnectOpts {
+        ConnectOpts {
+            access: self.access,
+            min_rnr_timer: self.min_rnr_timer,
+            timeout: self.timeout,
+            retry_cnt: self.retry_cnt,
+            rnr_retry: self.rnr_retry,
+            ..Default::default()
+        }
+    }
+}
+
+/// Moves `qp` to RTR towards `remote` only (cases that look at RTR itself; everything else
+/// uses [`bring_up`]).
+pub fn to_rtr<Q: Qp>(qp: &mut Q, remote: &Endpoint, o: &ConnOpts) {
+    let peer = peer_addr(remote);
     qp.modify(&QpAttr {
         state: QpState::Rtr,
-        dest_qp_num: remote.qpn,
-        rq_psn: remote.psn,
-        ah,
+        dest_qp_num: peer.qpn,
+        rq_psn: peer.psn,
+        ah: peer.ah,
         min_rnr_timer: o.min_rnr_timer,
         ..Default::default()
     })
     .expect("INIT->RTR");
 }
 
+/// RTR -> RTS with `o`'s timeout and retries.
 pub fn to_rts<Q: Qp>(qp: &mut Q, o: &ConnOpts) {
     qp.modify(&QpAttr {
         state: QpState::Rts,
@@ -165,22 +187,22 @@ pub fn to_rts<Q: Qp>(qp: &mut Q, o: &ConnOpts) {
     .expect("RTR->RTS");
 }
 
+/// Brings `qp` (RESET or INIT) to RTS towards `remote`: `Qp::connect`, the provider API's
+/// one-call bring-up.
+pub fn bring_up<Q: Qp>(qp: &mut Q, remote: &Endpoint, o: &ConnOpts) {
+    qp.connect(&peer_addr(remote), &o.connect_opts()).expect("connect (RESET/INIT -> RTS)");
+}
+
 /// Brings two connected QPs (RC or UC) to RTS, pointing at each other.
 pub fn connect<H: Harness>(a: &mut QpOf<H>, b: &mut QpOf<H>, o: &ConnOpts) {
     let (ea, eb) = (a.endpoint(H::gid_index()).unwrap(), b.endpoint(H::gid_index()).unwrap());
-    to_init(a, 0, o.access);
-    to_init(b, 0, o.access);
-    to_rtr(a, &eb, o);
-    to_rtr(b, &ea, o);
-    to_rts(a, o);
-    to_rts(b, o);
+    bring_up(a, &eb, o);
+    bring_up(b, &ea, o);
 }
 
 /// Brings a UD QP to RTS with `qkey`.
 pub fn ud_ready<Q: Qp>(qp: &mut Q, qkey: u32) {
-    to_init(qp, qkey, AccessFlags::empty());
-    qp.modify(&QpAttr { state: QpState::Rtr, ..Default::default() }).expect("INIT->RTR");
-    qp.modify(&QpAttr { state: QpState::Rts, ..Default::default() }).expect("RTR->RTS");
+    qp.ready(&ConnectOpts { qkey, ..Default::default() }).expect("ready (RESET/INIT -> RTS)");
 }
 
 /// Polls until `n` completions arrived (or the liveness deadline passes: test failure).

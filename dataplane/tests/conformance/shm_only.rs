@@ -54,8 +54,7 @@ fn retry_cnt_is_exact() {
         let o = ConnOpts { retry_cnt: n, timeout: 1, ..Default::default() };
         to_init(&mut qa, 0, o.access);
         // A QPN that names no QP on this fabric.
-        to_rtr(&mut qa, &Endpoint { qpn: 0x00ff_fff0, ..Default::default() }, &o);
-        to_rts(&mut qa, &o);
+        bring_up(&mut qa, &Endpoint { qpn: 0x00ff_fff0, ..Default::default() }, &o);
         send(&mut qa, &a, 1, 0, 8);
         let wc = poll_n(&mut a.scq, 1)[0];
         assert_eq!(wc.status, WcStatus::RetryExcErr);

@@ -3,7 +3,7 @@
 //! parent checks every byte of the echoes. The child is this same test binary, started with
 //! `--exact two_process::child --include-ignored` and its instructions in the environment.
 
-use crate::harness::{to_init, to_rtr, to_rts, ConnOpts, DEADLINE};
+use crate::harness::{bring_up, to_init, ConnOpts, DEADLINE};
 use dataplane::mem::HugePolicy;
 use dataplane::shm::{Shm, ShmConfig};
 use dataplane::verbs::*;
@@ -64,8 +64,7 @@ impl End {
     fn connect(&mut self, remote_qpn: u32) {
         let o = ConnOpts::default();
         let remote = Endpoint { qpn: remote_qpn, ..Default::default() };
-        to_rtr(&mut self.qp, &remote, &o);
-        to_rts(&mut self.qp, &o);
+        bring_up(&mut self.qp, &remote, &o);
     }
 
     /// Receive slot `i` (second half of the region; the first half is for sends).

@@ -173,13 +173,13 @@ impl<P: Backend> End<P> {
             max_inline_data: inline,
         };
         let remote = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
-        let init =
-            QpAttr { state: QpState::Init, port_num: args.ib_port, qkey: QKEY, access: remote, ..Default::default() };
+        // INIT now (receives are posted before the exchange); connect() finishes the bring-up.
+        let init = ConnectOpts { port_num: args.ib_port, qkey: QKEY, access: remote, ..Default::default() };
         let mut qps = Vec::with_capacity(nq as usize);
         for _ in 0..nq {
             let attr = QpInitAttr { send_cq: &scq, recv_cq: &rcq, srq: srq.as_ref(), cap, qp_type, sq_sig_all: false };
             let mut qp = pd.create_qp(&attr)?;
-            qp.modify(&init)?;
+            qp.bring_up_to_init(&init)?;
             qps.push(qp);
         }
         let psn = (std::process::id().wrapping_mul(2654435761) ^ size as u32) & 0xff_ffff;
@@ -216,37 +216,25 @@ impl<P: Backend> End<P> {
             ));
         }
         for (q, peer) in peers.iter().enumerate() {
-            let ah = AhAttr {
-                dlid: peer.lid,
-                is_global: peer.gid != [0; 16],
-                dgid: peer.gid,
-                sgid_index: args.gid_index,
-                hop_limit: 64,
+            let addr = PeerAddr::from_endpoint(peer, args.ib_port, args.gid_index);
+            let opts = ConnectOpts {
                 port_num: args.ib_port,
-                ..Default::default()
-            };
-            let rtr = QpAttr {
-                state: QpState::Rtr,
-                dest_qp_num: peer.qpn,
-                rq_psn: peer.psn,
-                ah,
                 path_mtu: 4096, // the rdma provider lowers it to the port's active MTU
+                sq_psn: self.psn_of(q),
                 min_rnr_timer: P::RNR_TIMER,
+                rnr_retry: 7,
+                max_rd_atomic: 0,      // the device's maximum
                 max_dest_rd_atomic: 0, // the device's maximum
                 ..Default::default()
             };
-            let psn = self.psn_of(q);
             let qp = &mut self.qps[q];
-            qp.modify(&rtr)?;
-            qp.modify(&QpAttr {
-                state: QpState::Rts,
-                sq_psn: psn,
-                rnr_retry: 7,
-                max_rd_atomic: 0,
-                ..Default::default()
-            })?;
             if qp.qp_type() == QpType::Ud {
-                let a = self.pd.create_ah(&ah)?;
+                qp.ready(&opts)?;
+            } else {
+                qp.connect(&addr, &opts)?;
+            }
+            if qp.qp_type() == QpType::Ud {
+                let a = self.pd.create_ah(&addr.ah)?;
                 self.dests[q] = Some((a.handle(), peer.qpn));
                 self.ahs.push(a);
             }
