@@ -289,6 +289,14 @@ fn deliver(
     if let Some(tm) = d.srq.and_then(|s| s.tm).filter(|_| place_data) {
         match tm_match(f, st, rx, d, &tm, src, total, wr.flags.contains(SendFlags::SOLICITED)) {
             TmOutcome::Matched => return Outcome::Done(WcStatus::Success, 0),
+            // As on the plain path below: the responder QP goes to ERROR, the requester gets
+            // the remote status.
+            TmOutcome::Failed(remote) => {
+                if d.qp_type != QpType::Ud {
+                    to_error(f, d.idx, d.qpn);
+                }
+                return Outcome::Done(if reliable { remote } else { WcStatus::Success }, 0);
+            }
             TmOutcome::Unexpected => {
                 tm_flags = WcFlags::TM_SYNC_REQ;
                 tm_view = Some(tm);
@@ -385,6 +393,9 @@ fn place<const N: usize>(
 enum TmOutcome {
     /// Delivered into a tagged buffer.
     Matched,
+    /// Matched, but the tagged buffer could not take the message (too small, or its MR is
+    /// gone): the receiver got the local error, and this is the requester's status.
+    Failed(WcStatus),
     /// A tagged message that matched nothing (or arrived while matching was off).
     Unexpected,
     /// No tag header: a plain message.
@@ -461,19 +472,22 @@ fn tm_match(
         ..Default::default()
     };
     let mut dst = [Seg::default(); MAX_SGE];
-    match resolve_recv(f, pd, rx, &mut dst) {
-        None => wc.status = WcStatus::LocProtErr,
-        Some((_, cap)) if cap < payload => wc.status = WcStatus::LocLenErr,
+    // The same statuses as `place` gives a plain receive request.
+    let outcome = match resolve_recv(f, pd, rx, &mut dst) {
+        None => (WcStatus::LocProtErr, TmOutcome::Failed(WcStatus::RemOpErr)),
+        Some((_, cap)) if cap < payload => (WcStatus::LocLenErr, TmOutcome::Failed(WcStatus::RemInvReqErr)),
         Some((n, _)) => {
             let mut body = [Seg::default(); MAX_SGE];
             let nb = skip_prefix(src, TMH_LEN, &mut body);
             copy_sg(&body[..nb], &dst[..n], 0);
             wc.byte_len = payload as u32;
             wc.wc_flags |= WcFlags::TM_DATA_VALID;
+            (WcStatus::Success, TmOutcome::Matched)
         }
-    }
+    };
+    wc.status = outcome.0;
     push_recv_wc(f, d, &wc, solicited);
-    TmOutcome::Matched
+    outcome.1
 }
 
 /// Checks an rkey for a remote operation on `d`; returns the MR on success.
