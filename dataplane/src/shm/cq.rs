@@ -279,7 +279,8 @@ impl crate::provider::Cq for ShmCq {
         while n < wc.len() {
             let mut cqe = Cqe::default();
             match sh.ring.pop_single_tracked(|p| cqe = Cqe::read(p)) {
-                Pop::Empty => break,
+                // (`pop_single_tracked` never stalls: it does not loop.)
+                Pop::Empty | Pop::Stalled => break,
                 Pop::Item => {
                     if let Some(i) = cqe.retire {
                         super::qp::retire(f, cqe.wc.qp_num, i);

@@ -17,7 +17,7 @@ use super::layout::*;
 use super::mr::mr_lookup;
 use super::qp::{resolve_local, to_error, SqState, SHM_MTU};
 use super::recvq::{self, recv_sge_len, RecvEntry, MAX_SGE};
-use super::ring::Ring;
+use super::ring::{Pop, Ring};
 use super::srq::{srq_view, SrqView};
 use crate::verbs::*;
 use std::sync::atomic::Ordering;
@@ -241,12 +241,24 @@ fn resolve_recv<const N: usize>(f: &Fabric, pd: u32, rx: &RecvEntry, out: &mut [
     Some((rx.n, cap))
 }
 
-fn take_recv(f: &Fabric, d: &DestView, rx: &mut RecvEntry) -> bool {
+fn take_recv(f: &Fabric, d: &DestView, rx: &mut RecvEntry) -> Pop {
     match (&d.srq, &d.rq) {
         (Some(srq), _) => srq.take(f, rx),
-        (None, Some(rq)) => recvq::pop(rq, rx),
-        (None, None) => false,
+        (None, Some(rq)) => recvq::take(rq, rx),
+        (None, None) => Pop::Empty,
     }
+}
+
+/// The target's receive ring is corrupt (`Pop::Stalled`: a cell or index a peer scribbled):
+/// the responder QP goes to ERROR and an RC requester gets REM_OP_ERR ("a malformed WQE on the
+/// Receive Queue", ibv_poll_cq(3)), rather than waiting for a receive that cannot come.
+#[cold]
+#[inline(never)]
+fn corrupt_receive_queue(f: &Fabric, d: &DestView, reliable: bool) -> Outcome {
+    if d.qp_type != QpType::Ud {
+        to_error(f, d.idx, d.qpn);
+    }
+    Outcome::Done(if reliable { WcStatus::RemOpErr } else { WcStatus::Success }, 0)
 }
 
 #[inline]
@@ -304,8 +316,12 @@ fn deliver(
             TmOutcome::NoTag => {}
         }
     }
-    if !take_recv(f, d, rx) {
-        return if reliable { Outcome::Block(BlockKind::Rnr) } else { Outcome::Done(WcStatus::Success, 0) };
+    match take_recv(f, d, rx) {
+        Pop::Item => {}
+        Pop::Empty => {
+            return if reliable { Outcome::Block(BlockKind::Rnr) } else { Outcome::Done(WcStatus::Success, 0) }
+        }
+        Pop::Stalled => return corrupt_receive_queue(f, d, reliable),
     }
     let mut wc = WorkCompletion {
         wr_id: rx.wr_id,
