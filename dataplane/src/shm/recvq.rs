@@ -118,34 +118,32 @@ pub(crate) fn push(ring: &Ring, wr_id: u64, sges: &[Sge]) -> bool {
     })
 }
 
-/// Takes the oldest request, if any (a stalled ring reads as empty: flushes and drains stop).
+/// Takes the oldest request. The SGE count read from shared memory is clamped to what the
+/// cell can hold, so a corrupt cell cannot make us read past it. A stalled ring
+/// ([`Pop::Stalled`], corrupt) reads as empty here; a sender tells the two apart on its cold
+/// path ([`Ring::stalled`]).
 #[inline]
 pub(crate) fn pop(ring: &Ring, out: &mut RecvEntry) -> bool {
-    matches!(take(ring, out), Pop::Item)
-}
-
-/// Takes the oldest request. The SGE count read from shared memory is clamped to what the
-/// cell can hold, so a corrupt cell cannot make us read past it. [`Pop::Stalled`]: the ring
-/// is corrupt (the sender fails the message instead of waiting for a receive forever).
-#[inline]
-pub(crate) fn take(ring: &Ring, out: &mut RecvEntry) -> Pop {
     let cap = ((ring.payload_len() - RECV_HDR_LEN) / RECV_SGE_LEN).min(MAX_SGE);
-    let got = ring.pop(|p| {
-        // SAFETY: reads stay inside the cell payload: header plus `cap` SGEs.
-        unsafe {
-            out.wr_id = (p as *const u64).read_unaligned();
-            out.n = ((p.add(8) as *const u32).read_unaligned() as usize).min(cap);
-            for k in 0..out.n {
-                let q = p.add(RECV_HDR_LEN + k * RECV_SGE_LEN);
-                out.sges[k] = Sge {
-                    addr: (q as *const u64).read_unaligned(),
-                    length: (q.add(8) as *const u32).read_unaligned(),
-                    lkey: (q.add(12) as *const u32).read_unaligned(),
-                };
+    let got = matches!(
+        ring.pop(|p| {
+            // SAFETY: reads stay inside the cell payload: header plus `cap` SGEs.
+            unsafe {
+                out.wr_id = (p as *const u64).read_unaligned();
+                out.n = ((p.add(8) as *const u32).read_unaligned() as usize).min(cap);
+                for k in 0..out.n {
+                    let q = p.add(RECV_HDR_LEN + k * RECV_SGE_LEN);
+                    out.sges[k] = Sge {
+                        addr: (q as *const u64).read_unaligned(),
+                        length: (q.add(8) as *const u32).read_unaligned(),
+                        lkey: (q.add(12) as *const u32).read_unaligned(),
+                    };
+                }
             }
-        }
-    });
-    if matches!(got, Pop::Item) {
+        }),
+        Pop::Item
+    );
+    if got {
         // The next request is usually posted already: fetch its line now, off the next
         // message's critical path.
         ring.prefetch(0);

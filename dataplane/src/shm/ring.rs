@@ -238,11 +238,29 @@ impl Ring {
             } else {
                 pos = hdr.head.load(Ordering::Relaxed);
             }
-            rereads += 1;
-            if rereads >= MAX_REREADS {
+            if rereads == MAX_REREADS {
                 return Pop::Stalled;
             }
+            rereads += 1;
         }
+    }
+
+    /// Whether consumers are stuck on this ring: the cell at `head` keeps a sequence ahead of
+    /// `head + 1` (which on a healthy ring means another consumer took it and `head` is about
+    /// to move) for [`MAX_REREADS`] re-reads. Only a corrupt or hostile writer makes it true;
+    /// it is what made [`Ring::pop`] report [`Pop::Stalled`]. For a consumer that found no
+    /// entry, on its cold path: an empty or ready ring answers after one read.
+    pub(crate) fn stalled(&self) -> bool {
+        let hdr = self.hdr();
+        let mut pos = hdr.head.load(Ordering::Relaxed);
+        for _ in 0..MAX_REREADS {
+            let s = self.cell(pos).1.load(Ordering::Acquire);
+            if s.wrapping_sub(pos.wrapping_add(1)) as i64 <= 0 {
+                return false;
+            }
+            pos = hdr.head.load(Ordering::Relaxed);
+        }
+        true
     }
 
     /// Hints the CPU to fetch the cell at position `head + ahead` into this core's cache.
@@ -482,10 +500,12 @@ mod tests {
         let mut b = Box::new(Buf([0; 4096]));
         // SAFETY: the buffer is big enough for 4 cells of 16 bytes and private to the test.
         let r = unsafe { Ring::init(b.0.as_mut_ptr(), 4, 16) };
+        assert!(!r.stalled(), "an empty ring is not stalled");
         for i in 0..4 {
             r.cell(i).1.store(1 << 62, Ordering::Relaxed);
         }
         assert!(matches!(r.pop(|_| unreachable!()), Pop::Stalled));
+        assert!(r.stalled());
         assert!(!r.push(|_| unreachable!()));
     }
 

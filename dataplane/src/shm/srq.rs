@@ -4,7 +4,7 @@
 use super::fabric::Fabric;
 use super::layout::*;
 use super::recvq;
-use super::ring::{Pop, Ring};
+use super::ring::Ring;
 use super::tm::{self, TmView};
 use super::CtxInner;
 use crate::verbs::{Errno, Error, OpsChain, PostError, RecvChain, Result, SrqAttr, SrqAttrMask, TmCaps};
@@ -213,12 +213,11 @@ pub(crate) fn srq_view(f: &Fabric, srqn: u32) -> Option<SrqView> {
 
 impl SrqView {
     /// Takes a request; fires the limit event (once) when the count drops below the armed
-    /// limit. [`Pop::Stalled`]: the SRQ's ring is corrupt.
+    /// limit.
     #[inline]
-    pub(crate) fn take(&self, f: &Fabric, out: &mut recvq::RecvEntry) -> Pop {
-        let got = recvq::take(&self.ring, out);
-        if !matches!(got, Pop::Item) {
-            return got;
+    pub(crate) fn take(&self, f: &Fabric, out: &mut recvq::RecvEntry) -> bool {
+        if !recvq::pop(&self.ring, out) {
+            return false;
         }
         let s = f.srq_slot(self.idx);
         let limit = s.limit.load(Ordering::Relaxed);
@@ -228,7 +227,7 @@ impl SrqView {
         {
             f.post_event(s.ctx.load(Ordering::Relaxed) as usize, super::EVENT_SRQ_LIMIT, self.srqn);
         }
-        Pop::Item
+        true
     }
 }
 
