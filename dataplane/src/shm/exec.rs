@@ -483,8 +483,15 @@ fn tm_match(
         _ => return TmOutcome::NoTag,
     };
     // Only eager messages are matched here; rendezvous headers are delivered as unexpected.
-    if tmh.op != TmhOp::Eager || !tm.take_match(f, tmh.tag, rx) {
+    if tmh.op != TmhOp::Eager {
         return TmOutcome::Unexpected;
+    }
+    match tm.take_match(f, tmh.tag, rx) {
+        Ok(true) => {}
+        Ok(false) => return TmOutcome::Unexpected,
+        // The tag list's lock is wedged (held by a live process for seconds): the responder
+        // cannot match, as with a corrupt receive queue.
+        Err(_) => return TmOutcome::Failed(WcStatus::RemOpErr),
     }
     let pd = d.srq.map_or(d.pd, |s| s.pd);
     let payload = total - TMH_LEN as u64;

@@ -3,14 +3,17 @@
 //!
 //! Control-path operations (attach, create and destroy objects, allocate arena space) take a
 //! fabric-wide lock: a word holding the owner's pid, stolen when that pid is dead so a crashed
-//! process cannot wedge the fabric. The data path never takes it.
+//! process cannot wedge the fabric. The data path never takes it. A word held by a *live* pid
+//! (a hung process, a reused pid, a stray write) is waited for at most [`LOCK_PATIENCE`]; then
+//! the operation fails with an error naming the file, the pid and the remedy, so that nothing
+//! (attach, teardown, a signal handler's flag checked by the caller) waits forever.
 
 use super::layout::*;
 use super::ring::Ring;
 use crate::mem::{HugePolicy, Region};
 use crate::verbs::{Errno, Error, Result};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -24,6 +27,10 @@ pub(crate) struct Fabric {
     /// Whether `open` entered this handle in [`REGISTRY`]; only those leave it on drop. A
     /// handle `try_open` gives up on is dropped while `open` holds the registry lock.
     registered: bool,
+    /// Set once the control-path lock has timed out: later attempts wait only
+    /// [`WEDGED_PATIENCE`], so tearing down many objects of a wedged fabric takes seconds,
+    /// not seconds per object.
+    wedged: AtomicBool,
 }
 
 // SAFETY: the mapping is shared memory accessed through atomics and bounds-checked raw
@@ -45,6 +52,18 @@ pub(crate) fn pid_alive(pid: u32) -> bool {
     r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
+/// How long a pid lock waits for a holder that is alive before giving up.
+pub(crate) const LOCK_PATIENCE: Duration = Duration::from_secs(5);
+
+/// How long a fabric whose lock already timed out once waits for it again.
+const WEDGED_PATIENCE: Duration = Duration::from_millis(20);
+
+/// A pid lock stayed held by live process `holder` for the whole patience.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LockStuck {
+    pub holder: u32,
+}
+
 /// Guard of the fabric-wide control-path lock.
 pub(crate) struct FabricLock<'a> {
     word: &'a AtomicU32,
@@ -57,19 +76,41 @@ impl Drop for FabricLock<'_> {
     }
 }
 
-/// Takes a lock word in shared memory for `pid`, stealing it from a holder that died.
-pub(crate) fn pid_lock(word: &AtomicU32, pid: u32) -> FabricLock<'_> {
+/// Takes a lock word in shared memory for `pid`, stealing it from a holder that died; gives
+/// up after [`LOCK_PATIENCE`] if the holder stays alive.
+pub(crate) fn pid_lock(word: &AtomicU32, pid: u32) -> std::result::Result<FabricLock<'_>, LockStuck> {
+    pid_lock_within(word, pid, LOCK_PATIENCE)
+}
+
+/// [`pid_lock`] with its patience given. The clock is read only every 1024 failed attempts,
+/// with the liveness check, so an uncontended lock costs one CAS.
+pub(crate) fn pid_lock_within(
+    word: &AtomicU32,
+    pid: u32,
+    patience: Duration,
+) -> std::result::Result<FabricLock<'_>, LockStuck> {
     let mut spins = 0u32;
+    let mut deadline = None;
     loop {
         match word.compare_exchange_weak(0, pid, Ordering::Acquire, Ordering::Relaxed) {
-            Ok(_) => return FabricLock { word, pid },
+            Ok(_) => return Ok(FabricLock { word, pid }),
             Err(holder) => {
-                spins += 1;
-                if spins % 1024 == 0 && holder != 0 && holder != pid && !pid_alive(holder) {
-                    if word.compare_exchange(holder, pid, Ordering::Acquire, Ordering::Relaxed).is_ok() {
-                        return FabricLock { word, pid };
+                spins = spins.wrapping_add(1);
+                if spins % 1024 == 0 {
+                    if holder != 0 && holder != pid && !pid_alive(holder) {
+                        if word.compare_exchange(holder, pid, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+                            return Ok(FabricLock { word, pid });
+                        }
+                        continue;
                     }
-                } else if spins > 64 {
+                    // A live holder (or our own pid, which only a stray write puts there while
+                    // we do not hold it): wait, but not forever.
+                    let now = Instant::now();
+                    if now >= *deadline.get_or_insert(now + patience) {
+                        return Err(LockStuck { holder });
+                    }
+                }
+                if spins > 64 {
                     std::thread::yield_now();
                 }
             }
@@ -141,7 +182,7 @@ impl Fabric {
                         format!("fabric {name:?} has layout version {}, this build needs {VERSION}; remove it with `rm /dev/shm/dataplane.{name}` once no process uses it", f.hdr().version.load(Ordering::Relaxed)),
                     ));
                 }
-                let lock = f.lock();
+                let lock = f.lock()?;
                 if f.hdr().dead.load(Ordering::Relaxed) != 0 {
                     return Ok(None);
                 }
@@ -170,6 +211,7 @@ impl Fabric {
             name: name.to_string(),
             pid: std::process::id(),
             registered: false,
+            wedged: AtomicBool::new(false),
         }
     }
 
@@ -235,9 +277,43 @@ impl Fabric {
         self.table(TABLES.mr, idx)
     }
 
-    /// Takes the control-path lock, stealing it from a dead holder.
-    pub(crate) fn lock(&self) -> FabricLock<'_> {
-        pid_lock(&self.hdr().lock, self.pid)
+    /// Takes the control-path lock, stealing it from a dead holder. Fails with `ETIMEDOUT`
+    /// and the remedy when a live process holds it for [`LOCK_PATIENCE`] (then
+    /// [`WEDGED_PATIENCE`] on later calls: the fabric is wedged, teardown must not linger).
+    pub(crate) fn lock(&self) -> Result<FabricLock<'_>> {
+        let wedged = self.wedged.load(Ordering::Relaxed);
+        let patience = if wedged { WEDGED_PATIENCE } else { LOCK_PATIENCE };
+        pid_lock_within(&self.hdr().lock, self.pid, patience).map_err(|LockStuck { holder }| {
+            self.wedged.store(true, Ordering::Relaxed);
+            self.wedged_error(holder)
+        })
+    }
+
+    /// The error for a control-path lock held by live process `holder`.
+    #[cold]
+    fn wedged_error(&self, holder: u32) -> Error {
+        let path = self.path();
+        let who = if holder == self.pid { " (this process's pid, which it did not write: a stray write)" } else { "" };
+        Error::new(
+            Errno::ETIMEDOUT,
+            format!(
+                "fabric {:?}: its control-path lock has been held by live process {holder}{who} for more than {} s. \
+                 If that process is hung, stop it; if it is not a dataplane process of this fabric (a reused pid \
+                 or a stray write), the fabric is unusable: stop its processes and remove it with `rm {path}`",
+                self.name,
+                LOCK_PATIENCE.as_secs()
+            ),
+        )
+    }
+
+    /// The fabric's file, for messages.
+    pub(crate) fn path(&self) -> String {
+        match self.region.backing() {
+            crate::mem::RegionBacking::Hugetlbfs { path, .. } | crate::mem::RegionBacking::Shm { path, .. } => {
+                path.display().to_string()
+            }
+            _ => format!("dataplane.{}", self.name),
+        }
     }
 
     /// A pointer to `len` bytes at arena offset `off`, if the whole range is inside the
@@ -262,7 +338,7 @@ impl Fabric {
     /// Allocates `len` bytes aligned to 128 from the arena.
     pub(crate) fn alloc(&self, len: u64) -> Result<u64> {
         let len = len.div_ceil(128) * 128;
-        let _l = self.lock();
+        let _l = self.lock()?;
         let h = self.hdr();
         let n = h.n_extents.load(Ordering::Relaxed) as usize;
         for i in 0..n.min(MAX_EXTENTS) {
@@ -302,7 +378,8 @@ impl Fabric {
     pub(crate) fn free(&self, off: u64, len: u64) {
         let mut off = off;
         let mut len = len.div_ceil(128) * 128;
-        let _l = self.lock();
+        // A wedged fabric (lock held by a live stranger) leaks the range rather than hang.
+        let Ok(_l) = self.lock() else { return };
         let h = self.hdr();
         // Merge with neighbours.
         let mut i = 0;
@@ -360,7 +437,7 @@ impl Fabric {
         let events_len = Ring::bytes(EVENT_RING_CAP, EVENT_STRIDE) as u64;
         let events_off = self.alloc(events_len)?;
         self.init_ring(events_off, EVENT_RING_CAP, EVENT_STRIDE)?;
-        let _l = self.lock();
+        let _l = self.lock()?;
         for i in 0..MAX_CTX {
             let s = self.ctx_slot(i);
             let pid = s.pid.load(Ordering::Relaxed);
@@ -382,7 +459,8 @@ impl Fabric {
         let s = self.ctx_slot(idx);
         let off = s.events_off.load(Ordering::Relaxed);
         self.free(off, Ring::bytes(EVENT_RING_CAP, EVENT_STRIDE) as u64);
-        let _l = self.lock();
+        // Wedged: leave the slot (it is reclaimed once this pid is dead) and the file.
+        let Ok(_l) = self.lock() else { return };
         s.pid.store(0, Ordering::Release);
         let alive = (0..MAX_CTX).any(|i| pid_alive(self.ctx_slot(i).pid.load(Ordering::Relaxed)));
         if !alive {
@@ -506,5 +584,39 @@ mod tests {
         let (got, _) = opened.unwrap();
         assert_eq!(got, name);
         creator.join().unwrap();
+    }
+
+    /// Issue 15, defect 2: a live pid in the control-path lock word (a hung process, a reused
+    /// pid, a stray write) used to make every later open spin forever, deaf to SIGTERM, and
+    /// teardown hang. Open must fail within the patience with an error naming the pid, the
+    /// file and the remedy; teardown must end too.
+    #[test]
+    fn a_lock_held_by_a_live_stranger_fails_open_and_teardown_ends() {
+        let name = format!("fabric-wedged-{}", std::process::id());
+        let size = TABLES.end + (8 << 20);
+        let (f, ctx) = Fabric::open(&name, size, HugePolicy::Never).unwrap();
+        let mut stranger = std::process::Command::new("sleep").arg("60").spawn().expect("spawn sleep");
+        f.hdr().lock.store(stranger.id(), Ordering::Relaxed);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let n = name.clone();
+        // Another process's attach (`try_open` is what `open` runs when this process has no
+        // mapping of the fabric yet).
+        std::thread::spawn(move || {
+            let _ = tx.send(Fabric::try_open(&n, size, HugePolicy::Never).map(|o| o.is_some()));
+        });
+        let e = rx
+            .recv_timeout(LOCK_PATIENCE + Duration::from_secs(10))
+            .expect("attach waited forever on a lock held by a live process")
+            .expect_err("attach to a wedged fabric must fail");
+        assert_eq!(e.errno, Errno::ETIMEDOUT);
+        for part in [stranger.id().to_string(), f.path(), "rm ".to_string()] {
+            assert!(e.msg.contains(&part), "{:?} lacks {part:?}", e.msg);
+        }
+        let t = Instant::now();
+        f.free_ctx(ctx);
+        assert!(t.elapsed() < LOCK_PATIENCE + Duration::from_secs(3), "teardown took {:?}", t.elapsed());
+        let _ = stranger.kill();
+        let _ = stranger.wait();
+        f.region.unlink();
     }
 }
