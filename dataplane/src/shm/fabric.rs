@@ -138,14 +138,7 @@ impl Fabric {
                     return Ok((f, ctx));
                 }
                 None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(1)),
-                None => {
-                    return Err(Error::new(
-                        Errno::ETIMEDOUT,
-                        format!(
-                            "fabric {name:?} stayed unusable for 5 s (being created or torn down by another process)"
-                        ),
-                    ))
-                }
+                None => return Err(unusable(name)),
             }
         }
     }
@@ -170,8 +163,10 @@ impl Fabric {
                     Err(e) => return Err(e),
                 };
                 let f = Fabric::wrap(region, name);
+                // A creator sizes the file in one step (0, then all of it), so a length between
+                // is a file cut short: refuse it before reading a header that may not be there.
                 if (f.region.len() as u64) < TABLES.end as u64 {
-                    return Ok(None);
+                    return Err(truncated(&f, TABLES.end as u64));
                 }
                 if f.hdr().magic.load(Ordering::Acquire) != MAGIC {
                     return Ok(None); // creator still initialising
@@ -181,6 +176,12 @@ impl Fabric {
                         Errno::EINVAL,
                         format!("fabric {name:?} has layout version {}, this build needs {VERSION}; remove it with `rm /dev/shm/dataplane.{name}` once no process uses it", f.hdr().version.load(Ordering::Relaxed)),
                     ));
+                }
+                // Shorter than its creator made it: touching the missing pages would be a
+                // SIGBUS. (Longer is as bad: it is not the file the header describes.)
+                let want = f.hdr().size.load(Ordering::Relaxed);
+                if want != f.size {
+                    return Err(truncated(&f, want));
                 }
                 let lock = f.lock()?;
                 if f.hdr().dead.load(Ordering::Relaxed) != 0 {
@@ -543,6 +544,36 @@ impl Drop for Fabric {
     }
 }
 
+/// The error for a fabric file whose length is not the one its creator gave it.
+#[cold]
+fn truncated(f: &Fabric, want: u64) -> Error {
+    let path = f.path();
+    Error::new(
+        Errno::EIO,
+        format!(
+            "fabric {:?}: {path} has {} bytes, its header says {want}: the file was truncated or replaced \
+             (a full /dev/shm, `truncate`, another program), and mapping it would crash with SIGBUS. Stop the \
+             processes using it and remove it: `rm {path}`",
+            f.name, f.size
+        ),
+    )
+}
+
+/// The error when attaching kept finding the fabric's file without a usable header.
+#[cold]
+fn unusable(name: &str) -> Error {
+    let msg = match Region::shared_path(name) {
+        Some(p) => format!(
+            "fabric {name:?}: {} has had no fabric header for 5 s: another process is creating or removing \
+             it, or its creator died half-way. If no dataplane process uses this fabric, remove the file: `rm {}`",
+            p.display(),
+            p.display()
+        ),
+        None => format!("fabric {name:?} was created and removed by other processes over and over for 5 s"),
+    };
+    Error::new(Errno::ETIMEDOUT, msg)
+}
+
 /// An atomic u64 at a fabric offset, after a bounds and alignment check (remote atomics).
 pub(crate) fn atomic_u64_at(f: &Fabric, off: u64) -> Option<&AtomicU64> {
     if off % 8 != 0 {
@@ -584,6 +615,42 @@ mod tests {
         let (got, _) = opened.unwrap();
         assert_eq!(got, name);
         creator.join().unwrap();
+    }
+
+    /// Issue 15, defect 3: a fabric file cut short (a full /dev/shm, `truncate`) is refused on
+    /// attach with the file and the remedy named, instead of being mapped and crashing the
+    /// attacher with SIGBUS at the first touch of a missing page.
+    #[test]
+    fn a_truncated_fabric_file_is_refused_on_attach() {
+        let name = format!("fabric-cut-{}", std::process::id());
+        let size = TABLES.end + (8 << 20);
+        let (f, ctx) = Fabric::open(&name, size, HugePolicy::Never).unwrap();
+        let path = f.path();
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        // Keep the tables (this process's own teardown touches them), cut the arena.
+        file.set_len(TABLES.end as u64 + 4096).unwrap();
+        let e = Fabric::try_open(&name, size, HugePolicy::Never).err().expect("a truncated fabric must be refused");
+        file.set_len(f.size).unwrap();
+        assert_eq!(e.errno, Errno::EIO);
+        for part in [path.as_str(), "truncated", "rm "] {
+            assert!(e.msg.contains(part), "{:?} lacks {part:?}", e.msg);
+        }
+        f.free_ctx(ctx);
+    }
+
+    /// Issue 15, defect 3: a fabric file without a header (its creator died half-way) used to
+    /// give "stayed unusable for 5 s", naming neither the file nor what to do.
+    #[test]
+    fn a_fabric_file_without_a_header_is_reported_with_its_path_and_remedy() {
+        let name = format!("fabric-nomagic-{}", std::process::id());
+        let size = TABLES.end + (8 << 20);
+        let region = Region::create_shared(&name, size, HugePolicy::Never).unwrap();
+        let e = Fabric::open(&name, size, HugePolicy::Never).err().expect("no header, no fabric");
+        region.unlink();
+        let path = format!("/dev/shm/dataplane.{name}");
+        for part in [path.as_str(), "no fabric header", "rm "] {
+            assert!(e.msg.contains(part), "{:?} lacks {part:?}", e.msg);
+        }
     }
 
     /// Issue 15, defect 2: a live pid in the control-path lock word (a hung process, a reused
