@@ -97,14 +97,15 @@ pub(crate) fn pid_lock_within(
             Err(holder) => {
                 spins = spins.wrapping_add(1);
                 if spins % 1024 == 0 {
-                    if holder != 0 && holder != pid && !pid_alive(holder) {
-                        if word.compare_exchange(holder, pid, Ordering::Acquire, Ordering::Relaxed).is_ok() {
-                            return Ok(FabricLock { word, pid });
-                        }
-                        continue;
+                    if holder != 0
+                        && holder != pid
+                        && !pid_alive(holder)
+                        && word.compare_exchange(holder, pid, Ordering::Acquire, Ordering::Relaxed).is_ok()
+                    {
+                        return Ok(FabricLock { word, pid });
                     }
                     // A live holder (or our own pid, which only a stray write puts there while
-                    // we do not hold it): wait, but not forever.
+                    // we do not hold it; or a word someone keeps rewriting): wait, not forever.
                     let now = Instant::now();
                     if now >= *deadline.get_or_insert(now + patience) {
                         return Err(LockStuck { holder });
