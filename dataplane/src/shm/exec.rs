@@ -68,9 +68,26 @@ pub(crate) struct DestView {
     cqn: u32,
     /// Our cached view of the receive CQ's consumer position (`cq::push_cqe`).
     cq_head: std::cell::Cell<u64>,
+    /// One-sided operations since the owner's liveness was last checked ([`Self::owner_died`]).
+    one_sided: std::cell::Cell<u32>,
 }
 
+/// One-sided operations between two checks that the target's owning process is alive.
+const LIVENESS_EVERY: u32 = 256;
+
 impl DestView {
+    /// Whether the target QP's owning process has died, checked once every
+    /// [`LIVENESS_EVERY`] calls (one `kill(pid, 0)`; the other calls cost an increment). A
+    /// WRITE, READ or atomic needs no receive request, so nothing else notices a dead target:
+    /// they went on "succeeding" into a dead process's memory, where real RC ends in
+    /// RETRY_EXC_ERR. A dead owner is noticed within that many operations.
+    #[inline]
+    fn owner_died(&self) -> bool {
+        let n = self.one_sided.get().wrapping_add(1);
+        self.one_sided.set(n);
+        n % LIVENESS_EVERY == 0 && owner_gone(self.pid)
+    }
+
     /// Whether a receive request is posted on this target's RQ or SRQ right now.
     fn has_recv(&self) -> bool {
         match (&self.srq, &self.rq) {
@@ -79,6 +96,12 @@ impl DestView {
             (None, None) => false,
         }
     }
+}
+
+#[cold]
+#[inline(never)]
+fn owner_gone(pid: u32) -> bool {
+    !pid_alive(pid)
 }
 
 /// Kept out of line: it runs once per connection, and inlined it made the per-message
@@ -123,6 +146,7 @@ fn resolve_dest(f: &Fabric, qpn: u32) -> Option<DestView> {
         cq,
         cqn,
         cq_head: std::cell::Cell::new(0),
+        one_sided: std::cell::Cell::new(0),
     };
     (s.qpn.load(Ordering::Acquire) == qpn).then_some(v)
 }
@@ -560,6 +584,8 @@ fn exec_wr(f: &Fabric, st: &mut SqState, wr: &SendWr, src: &[Seg], total: u64) -
         return lost;
     }
     let fail = |s: WcStatus| Outcome::Done(if reliable { s } else { WcStatus::Success }, 0);
+    // One-sided operations to a dead owner are unanswered requests (`lost`): RC retries,
+    // finds the owner dead (`handle_block`) and completes with RETRY_EXC_ERR; UC drops them.
     match wr.opcode {
         WrOpcode::Send | WrOpcode::SendWithImm => deliver(f, sender, &mut st.rx, d, wr, src, total, &None, true),
         WrOpcode::SendWithInv => {
@@ -575,6 +601,9 @@ fn exec_wr(f: &Fabric, st: &mut SqState, wr: &SendWr, src: &[Seg], total: u64) -
             out
         }
         WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm => {
+            if d.owner_died() {
+                return lost;
+            }
             let Some(mr) = remote_mr(f, d, wr, AccessFlags::REMOTE_WRITE) else { return fail(WcStatus::RemAccessErr) };
             let Some(p) = mr.translate(f, wr.remote_addr, total) else { return fail(WcStatus::RemAccessErr) };
             if wr.opcode == WrOpcode::RdmaWriteWithImm {
@@ -591,12 +620,18 @@ fn exec_wr(f: &Fabric, st: &mut SqState, wr: &SendWr, src: &[Seg], total: u64) -
             Outcome::Done(WcStatus::Success, 0)
         }
         WrOpcode::RdmaRead => {
+            if d.owner_died() {
+                return lost;
+            }
             let Some(mr) = remote_mr(f, d, wr, AccessFlags::REMOTE_READ) else { return fail(WcStatus::RemAccessErr) };
             let Some(p) = mr.translate(f, wr.remote_addr, total) else { return fail(WcStatus::RemAccessErr) };
             copy_sg(&[Seg { ptr: p, len: total as usize }], src, 0);
             Outcome::Done(WcStatus::Success, total as u32)
         }
         WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd => {
+            if d.owner_died() {
+                return lost;
+            }
             if wr.remote_addr % 8 != 0 {
                 return fail(WcStatus::RemInvReqErr);
             }
@@ -962,7 +997,66 @@ pub(crate) fn run_pending(f: &Fabric, st: &mut SqState) {
 
 #[cfg(test)]
 mod tests {
-    use super::copy_one;
+    use super::{copy_one, LIVENESS_EVERY};
+
+    /// Issue 15, defect 5: RDMA WRITEs to a QP whose owning process is dead went on
+    /// succeeding (into a dead process's memory); real RC ends in RETRY_EXC_ERR. The target's
+    /// owner pid is set to a process that has exited, as a `kill -9` leaves it.
+    #[test]
+    fn one_sided_operations_to_a_dead_owner_end_in_retry_exc_err() {
+        use crate::mem::HugePolicy;
+        use crate::shm::layout::{key_index, QP_IDX_BITS};
+        use crate::shm::{Shm, ShmConfig, ShmQp};
+        use crate::verbs::*;
+        use crate::{Context, Cq, Mr, Pd, Provider, Qp, QpInitAttr};
+        use std::sync::atomic::Ordering;
+
+        let cfg = ShmConfig {
+            fabric: format!("unit-deadowner-{}", std::process::id()),
+            size: 16 << 20,
+            huge: HugePolicy::Never,
+        };
+        let ctx = Shm::open(&cfg).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let mut cq = ctx.create_cq(16).unwrap();
+        let region = ctx.alloc_region(8192).unwrap();
+        let mr = pd.reg_mr(&region, 0, 8192, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE).unwrap();
+        let attr = QpInitAttr {
+            send_cq: &cq,
+            recv_cq: &cq,
+            srq: None,
+            cap: QpCaps::default(),
+            qp_type: QpType::Rc,
+            sq_sig_all: true,
+        };
+        let (mut qa, mut qb): (ShmQp, ShmQp) = (pd.create_qp(&attr).unwrap(), pd.create_qp(&attr).unwrap());
+        let (na, nb) = (qa.qp_num(), qb.qp_num());
+        for (q, dest) in [(&mut qa, nb), (&mut qb, na)] {
+            q.modify(&QpAttr { state: QpState::Init, access: AccessFlags::REMOTE_WRITE, ..Default::default() })
+                .unwrap();
+            q.modify(&QpAttr { state: QpState::Rtr, dest_qp_num: dest, ..Default::default() }).unwrap();
+            q.modify(&QpAttr { state: QpState::Rts, ..Default::default() }).unwrap();
+        }
+        let mut gone = std::process::Command::new("true").spawn().unwrap();
+        gone.wait().unwrap();
+        let f = &ctx.inner.fabric;
+        f.qp_slot(key_index(qb.qp_num(), QP_IDX_BITS)).pid.store(gone.id(), Ordering::Relaxed);
+        let sge = Sge::new(mr.addr(), 8, mr.lkey());
+        let mut wc = [WorkCompletion::default(); 1];
+        let mut statuses = Vec::new();
+        for i in 0..2 * LIVENESS_EVERY as u64 {
+            qa.post_send(&SendChain::one(SendWr::write(i, mr.addr() + 4096, mr.rkey()), &[sge])).unwrap();
+            while cq.poll(&mut wc).unwrap() == 0 {}
+            statuses.push(wc[0].status);
+            if wc[0].status != WcStatus::Success {
+                break;
+            }
+        }
+        let last = *statuses.last().unwrap();
+        assert_eq!(last, WcStatus::RetryExcErr, "{} WRITEs to a dead owner, the last {last:?}", statuses.len());
+        assert!(statuses.len() <= LIVENESS_EVERY as usize, "noticed after {} WRITEs", statuses.len());
+        assert_eq!(qa.state(), QpState::Error);
+    }
 
     /// The inline small copies agree with `ptr::copy` for every length up to 24 and every
     /// overlap a QP sending to its own buffer can produce (destination before, on, or after
