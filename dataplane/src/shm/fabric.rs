@@ -13,7 +13,7 @@ use super::ring::Ring;
 use crate::mem::{HugePolicy, Region};
 use crate::verbs::{Errno, Error, Result};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -27,10 +27,17 @@ pub(crate) struct Fabric {
     /// Whether `open` entered this handle in [`REGISTRY`]; only those leave it on drop. A
     /// handle `try_open` gives up on is dropped while `open` holds the registry lock.
     registered: bool,
-    /// Set once the control-path lock has timed out: later attempts wait only
-    /// [`WEDGED_PATIENCE`], so tearing down many objects of a wedged fabric takes seconds,
-    /// not seconds per object.
-    wedged: AtomicBool,
+}
+
+/// Mappings (by base address) whose control-path lock has timed out: later attempts wait only
+/// [`WEDGED_PATIENCE`], so tearing down many objects of a wedged fabric takes seconds, not
+/// seconds per object. Kept here rather than as a flag in [`Fabric`]: a field there changed
+/// the handle's layout and, through inlining, the code of `post_recv` (+14 instructions per
+/// message, callgrind `profile_post_poll`). Only the control path reads it.
+static WEDGED: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+
+fn wedged_list() -> std::sync::MutexGuard<'static, Vec<usize>> {
+    WEDGED.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 // SAFETY: the mapping is shared memory accessed through atomics and bounds-checked raw
@@ -213,7 +220,6 @@ impl Fabric {
             name: name.to_string(),
             pid: std::process::id(),
             registered: false,
-            wedged: AtomicBool::new(false),
         }
     }
 
@@ -282,11 +288,18 @@ impl Fabric {
     /// Takes the control-path lock, stealing it from a dead holder. Fails with `ETIMEDOUT`
     /// and the remedy when a live process holds it for [`LOCK_PATIENCE`] (then
     /// [`WEDGED_PATIENCE`] on later calls: the fabric is wedged, teardown must not linger).
+    ///
+    /// Out of line: the control path is never hot (`mr::invalidate` and `bind_mw` reach it
+    /// from `exec_wr`).
+    #[inline(never)]
     pub(crate) fn lock(&self) -> Result<FabricLock<'_>> {
-        let wedged = self.wedged.load(Ordering::Relaxed);
+        let wedged = wedged_list().contains(&(self.base as usize));
         let patience = if wedged { WEDGED_PATIENCE } else { LOCK_PATIENCE };
         pid_lock_within(&self.hdr().lock, self.pid, patience).map_err(|LockStuck { holder }| {
-            self.wedged.store(true, Ordering::Relaxed);
+            let mut w = wedged_list();
+            if !w.contains(&(self.base as usize)) {
+                w.push(self.base as usize);
+            }
             self.wedged_error(holder)
         })
     }
@@ -533,6 +546,8 @@ impl Fabric {
 
 impl Drop for Fabric {
     fn drop(&mut self) {
+        // The address may be mapped again for another fabric.
+        wedged_list().retain(|&b| b != self.base as usize);
         if !self.registered {
             return;
         }
