@@ -191,13 +191,24 @@ impl Fabric {
                 if want != f.size {
                     return Err(truncated(&f, want));
                 }
-                let lock = f.lock()?;
+                let lock = match f.lock() {
+                    Ok(l) => l,
+                    // Held by a live process, yet every context is dead: the pid was reused
+                    // after the crash that left the fabric stale (or the word is a stray
+                    // write). Nobody uses the fabric: replace it. The CAS on `dead` lets one
+                    // of several openers doing this at once remove the file.
+                    Err(_) if f.all_contexts_dead() => {
+                        if f.hdr().dead.compare_exchange(0, 1, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
+                            f.region.unlink();
+                        }
+                        return Ok(None);
+                    }
+                    Err(e) => return Err(e),
+                };
                 if f.hdr().dead.load(Ordering::Relaxed) != 0 {
                     return Ok(None);
                 }
-                let stale = f.hdr().ctx_ever.load(Ordering::Relaxed) > 0
-                    && (0..MAX_CTX).all(|i| !pid_alive(f.ctx_slot(i).pid.load(Ordering::Relaxed)));
-                if stale {
+                if f.all_contexts_dead() {
                     // Left over by processes that all died: start afresh.
                     f.hdr().dead.store(1, Ordering::Relaxed);
                     f.region.unlink();
@@ -210,6 +221,13 @@ impl Fabric {
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// Whether contexts have attached and all of them belong to dead processes (a stale
+    /// fabric, left over by processes that all died).
+    fn all_contexts_dead(&self) -> bool {
+        self.hdr().ctx_ever.load(Ordering::Relaxed) > 0
+            && (0..MAX_CTX).all(|i| !pid_alive(self.ctx_slot(i).pid.load(Ordering::Relaxed)))
     }
 
     fn wrap(region: Region, name: &str) -> Fabric {
@@ -669,6 +687,35 @@ mod tests {
         }
     }
 
+    /// Issue 15, defect 2, the pid-reuse case: the processes of a fabric all died, and the
+    /// pid in its lock word now belongs to an unrelated live process. The fabric is stale, so
+    /// the next open replaces it (after the lock's patience) instead of failing for good.
+    #[test]
+    fn a_stale_fabric_whose_lock_pid_was_reused_is_replaced() {
+        let name = format!("fabric-reused-{}", std::process::id());
+        let size = TABLES.end + (8 << 20);
+        let (f, ctx) = Fabric::open(&name, size, HugePolicy::Never).unwrap();
+        let mut gone = std::process::Command::new("true").spawn().expect("spawn true");
+        gone.wait().unwrap();
+        let mut stranger = std::process::Command::new("sleep").arg("60").spawn().expect("spawn sleep");
+        // As a crash leaves it: our context's owner dead, the lock word naming a live pid.
+        f.ctx_slot(ctx).pid.store(gone.id(), Ordering::Relaxed);
+        f.hdr().lock.store(stranger.id(), Ordering::Relaxed);
+        let t = Instant::now();
+        let fresh = loop {
+            match Fabric::try_open(&name, size, HugePolicy::Never) {
+                Ok(Some(o)) => break o,
+                Ok(None) => assert!(t.elapsed() < LOCK_PATIENCE + Duration::from_secs(10), "never replaced"),
+                Err(e) => panic!("a stale fabric must be replaced, got: {e}"),
+            }
+        };
+        assert_ne!(fresh.0.base, f.base);
+        assert_eq!(fresh.0.hdr().lock.load(Ordering::Relaxed), 0, "a fresh fabric");
+        fresh.0.free_ctx(fresh.1);
+        let _ = stranger.kill();
+        let _ = stranger.wait();
+    }
+
     /// Issue 15, defect 2: a live pid in the control-path lock word (a hung process, a reused
     /// pid, a stray write) used to make every later open spin forever, deaf to SIGTERM, and
     /// teardown hang. Open must fail within the patience with an error naming the pid, the
@@ -698,6 +745,7 @@ mod tests {
         let t = Instant::now();
         f.free_ctx(ctx);
         assert!(t.elapsed() < LOCK_PATIENCE + Duration::from_secs(3), "teardown took {:?}", t.elapsed());
+        f.hdr().lock.store(0, Ordering::Relaxed);
         let _ = stranger.kill();
         let _ = stranger.wait();
         f.region.unlink();
