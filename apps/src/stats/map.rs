@@ -1,20 +1,27 @@
 //! Mapping a live-stats segment: the only `unsafe` of the live stats on the apps side.
 //!
 //! The writer maps its new file read-write ([`Mapping`]) and hands the workers counter blocks
-//! inside it ([`StableWords`]); a reader maps a segment read-only ([`ReadOnly`]) and can only
-//! load words by index, bounds-checked, so a corrupt offset is an error, never an
-//! out-of-bounds read. Every access on either side is atomic: a reader in another process sees
-//! each counter whole (relaxed loads of single-writer relaxed stores).
+//! inside it ([`StableWords`]). A reader does not map it: it reads the file with `pread` into
+//! a private copy ([`ReadOnly::read`], [`Words`]) and loads words from that copy by index,
+//! bounds-checked, so a corrupt offset is an error, never an out-of-bounds read.
 //!
-//! One hazard remains outside our control: if a process with write access truncates the file
-//! while it is mapped, touching the lost pages raises SIGBUS. The segment is mode 0600 (only
-//! its owner can do that) and the writer never truncates it; it only unlinks it, which keeps
-//! existing mappings valid.
+//! Why a copy and not a mapping: if anyone with write access truncates the file while it is
+//! mapped, touching the lost pages raises SIGBUS, and `dpctl` died of it. A read of a cut
+//! file just comes back short. The price: a counter is copied by the kernel, not loaded
+//! atomically, so a value being stored during the copy could in principle read torn (the
+//! kernel copies aligned words whole in practice); these are display values, never inputs
+//! to the run. The system call also orders the copy after the writer's release store of the
+//! magic, as the acquire load of a mapping did.
+//!
+//! The writer's own mapping keeps the hazard: truncating a live segment (mode 0600, so only
+//! its owner can) makes the pipeline's next counter store raise SIGBUS. The writer never
+//! truncates it; it only unlinks it, which keeps mappings valid.
 
 use dataplane::worker::stats::StableWords;
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -25,11 +32,11 @@ struct Raw {
 }
 
 impl Raw {
-    fn map(file: &File, bytes: usize, writable: bool) -> io::Result<Raw> {
+    fn map(file: &File, bytes: usize) -> io::Result<Raw> {
         if bytes < 8 {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "a mapping needs at least one word"));
         }
-        let prot = if writable { libc::PROT_READ | libc::PROT_WRITE } else { libc::PROT_READ };
+        let prot = libc::PROT_READ | libc::PROT_WRITE;
         // SAFETY: FFI; a fresh mapping chosen by the kernel (no address hint, so nothing of
         // ours is replaced), of an open file descriptor; the result is checked below.
         let p = unsafe { libc::mmap(std::ptr::null_mut(), bytes, prot, libc::MAP_SHARED, file.as_raw_fd(), 0) };
@@ -69,7 +76,7 @@ pub(crate) struct Mapping(Raw);
 impl Mapping {
     /// Maps the first `bytes` bytes of `file` (opened read-write, at least that long).
     pub(crate) fn create(file: &File, bytes: usize) -> io::Result<Mapping> {
-        Raw::map(file, bytes, true).map(Mapping)
+        Raw::map(file, bytes).map(Mapping)
     }
 
     /// Stores `v` at word `i` (relaxed; the header is published by the release store of the
@@ -94,23 +101,58 @@ unsafe impl StableWords for Mapping {
     }
 }
 
-/// A reader's read-only mapping of a segment: word loads by index, nothing else.
-pub(crate) struct ReadOnly(Raw);
+/// A reader's handle on a segment: the file and how many bytes of it to read.
+pub(crate) struct ReadOnly {
+    file: File,
+    bytes: usize,
+}
 
 impl ReadOnly {
-    /// Maps the first `bytes` bytes of `file` (opened read-only) for reading.
-    pub(crate) fn open(file: &File, bytes: usize) -> io::Result<ReadOnly> {
-        Raw::map(file, bytes, false).map(ReadOnly)
+    /// A reader of the first `bytes` bytes of `file` (opened read-only).
+    pub(crate) fn open(file: File, bytes: usize) -> ReadOnly {
+        ReadOnly { file, bytes }
     }
 
-    /// Number of words mapped.
+    /// The words of the file now: fewer than at open when it has been cut short since.
+    pub(crate) fn read(&self) -> io::Result<Words> {
+        let mut buf = vec![0u8; self.bytes];
+        let mut got = 0;
+        while got < buf.len() {
+            match self.file.read_at(&mut buf[got..], got as u64) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let words = buf[..got - got % 8]
+            .chunks_exact(8)
+            .map(|c| u64::from_ne_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+            .collect();
+        Ok(Words { words, short: got < self.bytes })
+    }
+}
+
+/// A private copy of a segment's words: loads by index, nothing else.
+#[derive(Default)]
+pub(crate) struct Words {
+    words: Vec<u64>,
+    short: bool,
+}
+
+impl Words {
+    /// Number of words read.
     pub(crate) fn len(&self) -> usize {
-        self.0.words().len()
+        self.words.len()
     }
 
-    /// Word `i` with `order` (a relaxed or acquire load: atomic loads of read-only memory of
-    /// the native word size are plain loads), or `None` past the end.
-    pub(crate) fn load(&self, i: usize, order: Ordering) -> Option<u64> {
-        self.0.words().get(i).map(|w| w.load(order))
+    /// Whether the file was shorter than expected (cut short while the reader had it open).
+    pub(crate) fn short(&self) -> bool {
+        self.short
+    }
+
+    /// Word `i`, or `None` past the end.
+    pub(crate) fn load(&self, i: usize) -> Option<u64> {
+        self.words.get(i).copied()
     }
 }

@@ -4,18 +4,19 @@
 //! carry the magic, this layout version and this build's schema hash, be exactly as long as
 //! its header says, and every count, table and counter-block offset must lie inside the file
 //! (checked arithmetic: no overflow). A bad segment is a [`SegmentError`] naming the file and
-//! what is wrong; reading never panics. Snapshots are relaxed loads of each counter: each
-//! value is exact, but the set is not one instant (a worker may move between two loads).
+//! what is wrong; reading never panics. The file is read, never mapped (`map.rs` says why): a
+//! segment cut short while open is reported ([`Snapshot::truncated`]), never a SIGBUS. Each
+//! snapshot is one fresh read of the file: the set is not one instant (a worker may move
+//! while it is copied).
 
 use super::layout::{self, decode_str, State};
-use super::map::ReadOnly;
+use super::map::{ReadOnly, Words};
 use super::{pid_of_file_name, proc_start_ticks, writer_alive, PREFIX};
 use dataplane::worker::stats::{CounterBlock, LatencyBuckets, QpCounters, StageCounters, WorkerCounters};
 use std::fmt;
 use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Why a segment cannot be read.
@@ -133,6 +134,8 @@ struct StageDesc {
 pub struct Segment {
     path: PathBuf,
     map: ReadOnly,
+    /// The words read at open, which `validate` checked.
+    words: Words,
     header: Header,
     workers: Vec<WorkerDesc>,
     qps: Vec<QpDesc>,
@@ -207,6 +210,9 @@ pub struct Snapshot {
     pub state: State,
     /// Per worker.
     pub workers: Vec<WorkerSnap>,
+    /// The file was shorter than at open (cut short while running, by something other than
+    /// its writer) or could not be read: the missing counters read 0.
+    pub truncated: bool,
 }
 
 type Res<T> = Result<T, SegmentError>;
@@ -223,10 +229,16 @@ impl Segment {
             return Err(SegmentError::Truncated { path, len, need });
         }
         let bytes = usize::try_from(len).map_err(|_| io_err(io::Error::other("file too large to map")))?;
-        let map = ReadOnly::open(&file, bytes).map_err(io_err)?;
+        let map = ReadOnly::open(file, bytes);
+        let words = map.read().map_err(io_err)?;
+        if words.short() {
+            // Cut short between the length check and the read.
+            return Err(SegmentError::Truncated { path, len: words.len() as u64 * 8, need: len });
+        }
         let mut seg = Segment {
             path,
             map,
+            words,
             header: Header { pid: 0, proc_start: 0, start_unix_ns: 0, name: String::new() },
             workers: Vec::new(),
             qps: Vec::new(),
@@ -242,7 +254,7 @@ impl Segment {
 
     /// Word `i`, relaxed (after the acquire load of the magic in `validate`).
     fn word(&self, i: usize) -> Res<u64> {
-        self.map.load(i, Ordering::Relaxed).ok_or_else(|| self.corrupt(format!("word {i} is past the end")))
+        self.words.load(i).ok_or_else(|| self.corrupt(format!("word {i} is past the end")))
     }
 
     fn string(&self, at: usize, words: usize, what: &str) -> Res<String> {
@@ -253,7 +265,7 @@ impl Segment {
     /// The word index of a `words`-word block at byte offset `off`, checked against the file
     /// and against what precedes it (`start`: the end of the header or of the tables).
     fn block(&self, off: u64, words: usize, what: &str, start: (u64, &str)) -> Res<usize> {
-        let len = self.map.len() as u64 * 8;
+        let len = self.words.len() as u64 * 8;
         let why = if off % 8 != 0 {
             "is not 8-byte aligned".to_string()
         } else if off < start.0 {
@@ -269,8 +281,9 @@ impl Segment {
     fn validate(&mut self, len: u64) -> Res<()> {
         use layout::*;
         let path = self.path.clone();
-        // Acquire: pairs with the writer's release store; the header is complete.
-        if self.map.load(H_MAGIC, Ordering::Acquire) != Some(MAGIC) {
+        // The read system call ordered the copy after the writer's release store of the
+        // magic: with the magic, the header is complete.
+        if self.words.load(H_MAGIC) != Some(MAGIC) {
             return Err(SegmentError::BadMagic { path });
         }
         let version = self.word(H_VERSION)?;
@@ -392,17 +405,27 @@ impl Segment {
         self.workers.iter().map(|w| w.name.as_str()).collect()
     }
 
-    fn values(&self, fields: &'static [&'static str], at: usize) -> Values {
-        // In bounds (validated at open); a missing word would read as 0, never panic.
-        let values = (0..fields.len()).map(|i| self.map.load(at + i, Ordering::Relaxed).unwrap_or(0)).collect();
+    fn values(words: &Words, fields: &'static [&'static str], at: usize) -> Values {
+        // In bounds of the file as validated at open; a word past the end of a file cut short
+        // since reads as 0, never panics.
+        let values = (0..fields.len()).map(|i| words.load(at + i).unwrap_or(0)).collect();
         Values { fields, values }
     }
 
-    /// Reads every counter now.
+    /// Reads every counter now. A file cut short since it was opened (or unreadable) gives
+    /// zeros for what is missing and says so in [`Snapshot::truncated`].
     pub fn snapshot(&self) -> Snapshot {
+        let (words, truncated) = match self.map.read() {
+            Ok(w) => {
+                let short = w.short();
+                (w, short)
+            }
+            Err(_) => (Words::default(), true),
+        };
+        let words = &words;
         let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
         let uptime = now.saturating_sub(Duration::from_nanos(self.header.start_unix_ns));
-        let state = State::from_word(self.map.load(layout::H_STATE, Ordering::Relaxed).unwrap_or(0));
+        let state = State::from_word(words.load(layout::H_STATE).unwrap_or(0));
         let workers = self
             .workers
             .iter()
@@ -410,12 +433,15 @@ impl Segment {
             .map(|(wi, w)| WorkerSnap {
                 name: w.name.clone(),
                 core: w.core,
-                counters: self.values(WorkerCounters::FIELDS, w.counters),
+                counters: Self::values(words, WorkerCounters::FIELDS, w.counters),
                 qps: self
                     .qps
                     .iter()
                     .filter(|q| q.worker == wi)
-                    .map(|q| QpSnap { name: q.name.clone(), counters: self.values(QpCounters::FIELDS, q.counters) })
+                    .map(|q| QpSnap {
+                        name: q.name.clone(),
+                        counters: Self::values(words, QpCounters::FIELDS, q.counters),
+                    })
                     .collect(),
                 stages: self
                     .stages
@@ -424,16 +450,16 @@ impl Segment {
                     .map(|s| StageSnap {
                         name: s.name.clone(),
                         kind: s.kind.clone(),
-                        counters: self.values(StageCounters::FIELDS, s.counters),
+                        counters: Self::values(words, StageCounters::FIELDS, s.counters),
                         latency: s.latency.map(|at| {
-                            let load = |i| self.map.load(i, Ordering::Relaxed).unwrap_or(0);
+                            let load = |i| words.load(i).unwrap_or(0);
                             (load(at), (1..LatencyBuckets::WORDS).map(|i| load(at + i)).collect())
                         }),
                     })
                     .collect(),
             })
             .collect();
-        Snapshot { uptime, state, workers }
+        Snapshot { uptime, state, workers, truncated }
     }
 }
 

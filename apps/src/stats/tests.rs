@@ -250,3 +250,27 @@ fn a_segment_of_a_dead_process_is_listed_as_stale() {
     assert!(list(&d).unwrap()[0].stale());
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// Issue 15, defect 3: a live segment cut short (`truncate -s 0`, a full file system) killed a
+/// reader that had it mapped with SIGBUS. The reader reads the file instead: the snapshot
+/// says it is truncated and the missing counters read 0; opening it again is a clear error.
+#[test]
+fn a_segment_cut_short_under_a_reader_is_reported_not_a_sigbus() {
+    let d = dir("cut-short");
+    let (seg, slots) = create(&d);
+    let path = seg.path().to_path_buf();
+    slots[0].worker.loops.add(42);
+    let r = Segment::open(&path).expect("open");
+    assert!(!r.snapshot().truncated);
+    let full = std::fs::metadata(&path).unwrap().len();
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    file.set_len((layout::HEADER_WORDS * 8) as u64).unwrap();
+    let s = r.snapshot();
+    assert!(s.truncated, "a cut file must be reported");
+    assert_eq!(s.workers[0].counters.get("loops"), 0, "counters past the end read 0");
+    assert!(matches!(open_err(&path), SegmentError::Truncated { .. }));
+    // Give the writer its pages back before it touches them again (it still has them mapped).
+    file.set_len(full).unwrap();
+    drop(seg);
+    std::fs::remove_dir_all(&d).unwrap();
+}

@@ -338,9 +338,11 @@ impl Region {
         if let Some(r) = &reason {
             warn_fallback(r);
         }
-        Self::map_fd(fd, len, RegionBacking::Shm { path: path.clone(), fallback: reason }, true).inspect_err(|_| {
-            let _ = std::fs::remove_file(&path);
-        })
+        reserve(&fd, &path, len)
+            .and_then(|()| Self::map_fd(fd, len, RegionBacking::Shm { path: path.clone(), fallback: reason }, true))
+            .inspect_err(|_| {
+                let _ = std::fs::remove_file(&path);
+            })
     }
 
     fn create_hugetlbfs(fname: &str, len: usize, page: PageSize) -> Result<Region> {
@@ -408,6 +410,11 @@ impl Region {
         }
     }
 
+    /// The file of the named shared region, if one exists (for messages naming it).
+    pub fn shared_path(name: &str) -> Option<PathBuf> {
+        Self::find_shared(&file_name(name).ok()?).map(|(p, _)| p)
+    }
+
     /// Removes the named shared region if it exists (for cleaning up after a crashed run).
     pub fn unlink_name(name: &str) -> Result<bool> {
         let fname = file_name(name)?;
@@ -443,6 +450,47 @@ impl Region {
     }
 }
 
+/// Reserves the blocks of a fresh tmpfs file of `len` bytes, so that touching its pages
+/// later cannot fail. A tmpfs file is sparse: without this, a full `/dev/shm` is found only
+/// when a page is first touched, and that is a SIGBUS (no message, exit 135) in whichever
+/// process touches it. With it, a full file system is an `ENOSPC` error here, naming the file,
+/// the size and the room left. (Hugetlbfs files need none: their mapping reserves the pages.)
+fn reserve(fd: &OwnedFd, path: &Path, len: usize) -> Result<()> {
+    // SAFETY: FFI on a file descriptor we own; the range is checked by the kernel.
+    let err = unsafe { libc::posix_fallocate(fd.as_raw_fd(), 0, len as libc::off_t) };
+    if err == 0 {
+        return Ok(());
+    }
+    let dir = path.parent().unwrap_or(Path::new("/"));
+    let room = match free_bytes(dir) {
+        Some(free) => format!("{} has {free} bytes free", dir.display()),
+        None => format!("the free space of {} is unknown", dir.display()),
+    };
+    let why = std::io::Error::from_raw_os_error(err);
+    let remedy = if err == libc::ENOSPC {
+        "; free space there (stale files: `ls -l /dev/shm/dataplane.*`), enlarge the file system \
+         (mount -o remount,size=... /dev/shm) or ask for a smaller fabric (fabric_size)"
+    } else {
+        ""
+    };
+    Err(Error::new(
+        Errno::from_raw(err),
+        format!("cannot reserve {len} bytes for {}: {why} ({room}){remedy}", path.display()),
+    ))
+}
+
+/// Bytes an unprivileged process may still allocate in the file system holding `dir`.
+fn free_bytes(dir: &Path) -> Option<u64> {
+    let c = CString::new(dir.as_os_str().as_encoded_bytes()).ok()?;
+    // SAFETY: a zeroed statvfs is a valid out-buffer.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: FFI with a NUL-terminated path and a valid out-pointer.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    Some(st.f_bavail as u64 * st.f_frsize as u64)
+}
+
 fn open_file(path: &Path, create: bool) -> Result<OwnedFd> {
     let c = CString::new(path.as_os_str().as_encoded_bytes())
         .map_err(|_| Error::new(Errno::EINVAL, "path contains NUL"))?;
@@ -475,6 +523,31 @@ impl crate::provider::MemRegion for Region {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 15, defect 3: a shared region larger than the room left in /dev/shm used to be
+    /// created sparse, and the first touch of a page with no room behind it was a SIGBUS.
+    /// Now creation fails with ENOSPC naming the file, the size and the free space, and leaves
+    /// no file. (Asking for more than the whole file system makes tmpfs refuse the reservation
+    /// at once, without allocating anything, so the test cannot press on the host's memory.)
+    #[test]
+    fn a_region_larger_than_the_shm_file_system_is_enospc_not_sigbus() {
+        let c = CString::new(SHM_DIR).unwrap();
+        // SAFETY: a zeroed statvfs is a valid out-buffer; the path is NUL-terminated.
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
+        let total = st.f_blocks as u64 * st.f_frsize as u64;
+        assert!(total > 0, "{SHM_DIR} has no size limit: this test needs a sized tmpfs there");
+        let len = (total + (64 << 20)) as usize;
+        let name = format!("enospc-{}", std::process::id());
+        let e = Region::create_shared(&name, len, HugePolicy::Never).expect_err("more than the file system holds");
+        assert_eq!(e.errno, Errno::ENOSPC, "{e}");
+        let path = format!("{SHM_DIR}/dataplane.{name}");
+        for part in [path.as_str(), &len.to_string(), "bytes free", "fabric_size"] {
+            assert!(e.msg.contains(part), "{:?} lacks {part:?}", e.msg);
+        }
+        assert!(!Path::new(&path).exists(), "the failed region's file was left behind");
+    }
 
     #[test]
     fn parses_mount_sizes() {

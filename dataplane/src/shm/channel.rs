@@ -60,7 +60,8 @@ impl<'a> ChannelView<'a> {
         // SAFETY: event cells have 8 payload bytes.
         match self.ring.pop(|p| cqn = unsafe { (p as *const u32).read_unaligned() }) {
             Pop::Item => Some(cqn),
-            Pop::Empty => None,
+            // A corrupt ring: no event (a waiter wakes on the timeout it chose).
+            Pop::Empty | Pop::Stalled => None,
         }
     }
 }

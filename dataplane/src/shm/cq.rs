@@ -95,11 +95,13 @@ impl Drop for CqShared {
     fn drop(&mut self) {
         let f = &self.ctx.fabric;
         let s = f.cq_slot(self.idx);
-        let _l = f.lock();
-        if s.cqn.load(Ordering::Relaxed) == self.cqn {
-            s.cqn.store(0, Ordering::Release);
+        // A wedged fabric (its lock held by a live stranger): leave the slot, do not hang.
+        if let Ok(l) = f.lock() {
+            if s.cqn.load(Ordering::Relaxed) == self.cqn {
+                s.cqn.store(0, Ordering::Release);
+            }
+            drop(l);
         }
-        drop(_l);
         f.free(self.ring_off, self.ring_len);
     }
 }
@@ -212,7 +214,7 @@ impl ShmCq {
                 return Err(e);
             }
         };
-        let l = f.lock();
+        let l = f.lock()?;
         let claimed = f.claim_slot(
             MAX_CQ,
             |i| {
@@ -279,7 +281,8 @@ impl crate::provider::Cq for ShmCq {
         while n < wc.len() {
             let mut cqe = Cqe::default();
             match sh.ring.pop_single_tracked(|p| cqe = Cqe::read(p)) {
-                Pop::Empty => break,
+                // (`pop_single_tracked` never stalls: it does not loop.)
+                Pop::Empty | Pop::Stalled => break,
                 Pop::Item => {
                     if let Some(i) = cqe.retire {
                         super::qp::retire(f, cqe.wc.qp_num, i);

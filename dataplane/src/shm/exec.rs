@@ -68,9 +68,26 @@ pub(crate) struct DestView {
     cqn: u32,
     /// Our cached view of the receive CQ's consumer position (`cq::push_cqe`).
     cq_head: std::cell::Cell<u64>,
+    /// One-sided operations since the owner's liveness was last checked ([`Self::owner_died`]).
+    one_sided: std::cell::Cell<u32>,
 }
 
+/// One-sided operations between two checks that the target's owning process is alive.
+const LIVENESS_EVERY: u32 = 256;
+
 impl DestView {
+    /// Whether the target QP's owning process has died, checked once every
+    /// [`LIVENESS_EVERY`] calls (one `kill(pid, 0)`; the other calls cost an increment). A
+    /// WRITE, READ or atomic needs no receive request, so nothing else notices a dead target:
+    /// they went on "succeeding" into a dead process's memory, where real RC ends in
+    /// RETRY_EXC_ERR. A dead owner is noticed within that many operations.
+    #[inline]
+    fn owner_died(&self) -> bool {
+        let n = self.one_sided.get().wrapping_add(1);
+        self.one_sided.set(n);
+        n % LIVENESS_EVERY == 0 && owner_gone(self.pid)
+    }
+
     /// Whether a receive request is posted on this target's RQ or SRQ right now.
     fn has_recv(&self) -> bool {
         match (&self.srq, &self.rq) {
@@ -79,6 +96,12 @@ impl DestView {
             (None, None) => false,
         }
     }
+}
+
+#[cold]
+#[inline(never)]
+fn owner_gone(pid: u32) -> bool {
+    !pid_alive(pid)
 }
 
 /// Kept out of line: it runs once per connection, and inlined it made the per-message
@@ -123,6 +146,7 @@ fn resolve_dest(f: &Fabric, qpn: u32) -> Option<DestView> {
         cq,
         cqn,
         cq_head: std::cell::Cell::new(0),
+        one_sided: std::cell::Cell::new(0),
     };
     (s.qpn.load(Ordering::Acquire) == qpn).then_some(v)
 }
@@ -249,6 +273,33 @@ fn take_recv(f: &Fabric, d: &DestView, rx: &mut RecvEntry) -> bool {
     }
 }
 
+/// No receive request was taken: RC waits (RNR), UC/UD drop. Unless the target's receive
+/// ring is corrupt (a cell or index a peer scribbled, [`Ring::stalled`]): then the responder
+/// QP goes to ERROR and an RC requester gets REM_OP_ERR ("a malformed WQE on the Receive
+/// Queue", ibv_poll_cq(3)), rather than waiting for a receive that cannot come.
+///
+/// The check is here, on the cold path, rather than a three-way result from the take: that
+/// cost 8 instructions per message on the hot path (callgrind, `profile_post_poll`).
+#[cold]
+#[inline(never)]
+fn no_receive(f: &Fabric, d: &DestView, reliable: bool) -> Outcome {
+    let ring = match (&d.srq, &d.rq) {
+        (Some(srq), _) => Some(&srq.ring),
+        (None, rq) => rq.as_ref(),
+    };
+    if ring.is_some_and(Ring::stalled) {
+        if d.qp_type != QpType::Ud {
+            to_error(f, d.idx, d.qpn);
+        }
+        return Outcome::Done(if reliable { WcStatus::RemOpErr } else { WcStatus::Success }, 0);
+    }
+    if reliable {
+        Outcome::Block(BlockKind::Rnr)
+    } else {
+        Outcome::Done(WcStatus::Success, 0)
+    }
+}
+
 #[inline]
 fn push_recv_wc(f: &Fabric, d: &DestView, wc: &WorkCompletion, solicited: bool) {
     let mut seen = d.cq_head.get();
@@ -289,6 +340,14 @@ fn deliver(
     if let Some(tm) = d.srq.and_then(|s| s.tm).filter(|_| place_data) {
         match tm_match(f, st, rx, d, &tm, src, total, wr.flags.contains(SendFlags::SOLICITED)) {
             TmOutcome::Matched => return Outcome::Done(WcStatus::Success, 0),
+            // As on the plain path below: the responder QP goes to ERROR, the requester gets
+            // the remote status.
+            TmOutcome::Failed(remote) => {
+                if d.qp_type != QpType::Ud {
+                    to_error(f, d.idx, d.qpn);
+                }
+                return Outcome::Done(if reliable { remote } else { WcStatus::Success }, 0);
+            }
             TmOutcome::Unexpected => {
                 tm_flags = WcFlags::TM_SYNC_REQ;
                 tm_view = Some(tm);
@@ -297,7 +356,7 @@ fn deliver(
         }
     }
     if !take_recv(f, d, rx) {
-        return if reliable { Outcome::Block(BlockKind::Rnr) } else { Outcome::Done(WcStatus::Success, 0) };
+        return no_receive(f, d, reliable);
     }
     let mut wc = WorkCompletion {
         wr_id: rx.wr_id,
@@ -385,6 +444,9 @@ fn place<const N: usize>(
 enum TmOutcome {
     /// Delivered into a tagged buffer.
     Matched,
+    /// Matched, but the tagged buffer could not take the message (too small, or its MR is
+    /// gone): the receiver got the local error, and this is the requester's status.
+    Failed(WcStatus),
     /// A tagged message that matched nothing (or arrived while matching was off).
     Unexpected,
     /// No tag header: a plain message.
@@ -445,8 +507,15 @@ fn tm_match(
         _ => return TmOutcome::NoTag,
     };
     // Only eager messages are matched here; rendezvous headers are delivered as unexpected.
-    if tmh.op != TmhOp::Eager || !tm.take_match(f, tmh.tag, rx) {
+    if tmh.op != TmhOp::Eager {
         return TmOutcome::Unexpected;
+    }
+    match tm.take_match(f, tmh.tag, rx) {
+        Ok(true) => {}
+        Ok(false) => return TmOutcome::Unexpected,
+        // The tag list's lock is wedged (held by a live process for seconds): the responder
+        // cannot match, as with a corrupt receive queue.
+        Err(_) => return TmOutcome::Failed(WcStatus::RemOpErr),
     }
     let pd = d.srq.map_or(d.pd, |s| s.pd);
     let payload = total - TMH_LEN as u64;
@@ -461,19 +530,22 @@ fn tm_match(
         ..Default::default()
     };
     let mut dst = [Seg::default(); MAX_SGE];
-    match resolve_recv(f, pd, rx, &mut dst) {
-        None => wc.status = WcStatus::LocProtErr,
-        Some((_, cap)) if cap < payload => wc.status = WcStatus::LocLenErr,
+    // The same statuses as `place` gives a plain receive request.
+    let outcome = match resolve_recv(f, pd, rx, &mut dst) {
+        None => (WcStatus::LocProtErr, TmOutcome::Failed(WcStatus::RemOpErr)),
+        Some((_, cap)) if cap < payload => (WcStatus::LocLenErr, TmOutcome::Failed(WcStatus::RemInvReqErr)),
         Some((n, _)) => {
             let mut body = [Seg::default(); MAX_SGE];
             let nb = skip_prefix(src, TMH_LEN, &mut body);
             copy_sg(&body[..nb], &dst[..n], 0);
             wc.byte_len = payload as u32;
             wc.wc_flags |= WcFlags::TM_DATA_VALID;
+            (WcStatus::Success, TmOutcome::Matched)
         }
-    }
+    };
+    wc.status = outcome.0;
     push_recv_wc(f, d, &wc, solicited);
-    TmOutcome::Matched
+    outcome.1
 }
 
 /// Checks an rkey for a remote operation on `d`; returns the MR on success.
@@ -512,6 +584,8 @@ fn exec_wr(f: &Fabric, st: &mut SqState, wr: &SendWr, src: &[Seg], total: u64) -
         return lost;
     }
     let fail = |s: WcStatus| Outcome::Done(if reliable { s } else { WcStatus::Success }, 0);
+    // One-sided operations to a dead owner are unanswered requests (`lost`): RC retries,
+    // finds the owner dead (`handle_block`) and completes with RETRY_EXC_ERR; UC drops them.
     match wr.opcode {
         WrOpcode::Send | WrOpcode::SendWithImm => deliver(f, sender, &mut st.rx, d, wr, src, total, &None, true),
         WrOpcode::SendWithInv => {
@@ -527,6 +601,9 @@ fn exec_wr(f: &Fabric, st: &mut SqState, wr: &SendWr, src: &[Seg], total: u64) -
             out
         }
         WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm => {
+            if d.owner_died() {
+                return lost;
+            }
             let Some(mr) = remote_mr(f, d, wr, AccessFlags::REMOTE_WRITE) else { return fail(WcStatus::RemAccessErr) };
             let Some(p) = mr.translate(f, wr.remote_addr, total) else { return fail(WcStatus::RemAccessErr) };
             if wr.opcode == WrOpcode::RdmaWriteWithImm {
@@ -543,12 +620,18 @@ fn exec_wr(f: &Fabric, st: &mut SqState, wr: &SendWr, src: &[Seg], total: u64) -
             Outcome::Done(WcStatus::Success, 0)
         }
         WrOpcode::RdmaRead => {
+            if d.owner_died() {
+                return lost;
+            }
             let Some(mr) = remote_mr(f, d, wr, AccessFlags::REMOTE_READ) else { return fail(WcStatus::RemAccessErr) };
             let Some(p) = mr.translate(f, wr.remote_addr, total) else { return fail(WcStatus::RemAccessErr) };
             copy_sg(&[Seg { ptr: p, len: total as usize }], src, 0);
             Outcome::Done(WcStatus::Success, total as u32)
         }
         WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd => {
+            if d.owner_died() {
+                return lost;
+            }
             if wr.remote_addr % 8 != 0 {
                 return fail(WcStatus::RemInvReqErr);
             }
@@ -914,7 +997,66 @@ pub(crate) fn run_pending(f: &Fabric, st: &mut SqState) {
 
 #[cfg(test)]
 mod tests {
-    use super::copy_one;
+    use super::{copy_one, LIVENESS_EVERY};
+
+    /// Issue 15, defect 5: RDMA WRITEs to a QP whose owning process is dead went on
+    /// succeeding (into a dead process's memory); real RC ends in RETRY_EXC_ERR. The target's
+    /// owner pid is set to a process that has exited, as a `kill -9` leaves it.
+    #[test]
+    fn one_sided_operations_to_a_dead_owner_end_in_retry_exc_err() {
+        use crate::mem::HugePolicy;
+        use crate::shm::layout::{key_index, QP_IDX_BITS};
+        use crate::shm::{Shm, ShmConfig, ShmQp};
+        use crate::verbs::*;
+        use crate::{Context, Cq, Mr, Pd, Provider, Qp, QpInitAttr};
+        use std::sync::atomic::Ordering;
+
+        let cfg = ShmConfig {
+            fabric: format!("unit-deadowner-{}", std::process::id()),
+            size: 16 << 20,
+            huge: HugePolicy::Never,
+        };
+        let ctx = Shm::open(&cfg).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let mut cq = ctx.create_cq(16).unwrap();
+        let region = ctx.alloc_region(8192).unwrap();
+        let mr = pd.reg_mr(&region, 0, 8192, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE).unwrap();
+        let attr = QpInitAttr {
+            send_cq: &cq,
+            recv_cq: &cq,
+            srq: None,
+            cap: QpCaps::default(),
+            qp_type: QpType::Rc,
+            sq_sig_all: true,
+        };
+        let (mut qa, mut qb): (ShmQp, ShmQp) = (pd.create_qp(&attr).unwrap(), pd.create_qp(&attr).unwrap());
+        let (na, nb) = (qa.qp_num(), qb.qp_num());
+        for (q, dest) in [(&mut qa, nb), (&mut qb, na)] {
+            q.modify(&QpAttr { state: QpState::Init, access: AccessFlags::REMOTE_WRITE, ..Default::default() })
+                .unwrap();
+            q.modify(&QpAttr { state: QpState::Rtr, dest_qp_num: dest, ..Default::default() }).unwrap();
+            q.modify(&QpAttr { state: QpState::Rts, ..Default::default() }).unwrap();
+        }
+        let mut gone = std::process::Command::new("true").spawn().unwrap();
+        gone.wait().unwrap();
+        let f = &ctx.inner.fabric;
+        f.qp_slot(key_index(qb.qp_num(), QP_IDX_BITS)).pid.store(gone.id(), Ordering::Relaxed);
+        let sge = Sge::new(mr.addr(), 8, mr.lkey());
+        let mut wc = [WorkCompletion::default(); 1];
+        let mut statuses = Vec::new();
+        for i in 0..2 * LIVENESS_EVERY as u64 {
+            qa.post_send(&SendChain::one(SendWr::write(i, mr.addr() + 4096, mr.rkey()), &[sge])).unwrap();
+            while cq.poll(&mut wc).unwrap() == 0 {}
+            statuses.push(wc[0].status);
+            if wc[0].status != WcStatus::Success {
+                break;
+            }
+        }
+        let last = *statuses.last().unwrap();
+        assert_eq!(last, WcStatus::RetryExcErr, "{} WRITEs to a dead owner, the last {last:?}", statuses.len());
+        assert!(statuses.len() <= LIVENESS_EVERY as usize, "noticed after {} WRITEs", statuses.len());
+        assert_eq!(qa.state(), QpState::Error);
+    }
 
     /// The inline small copies agree with `ptr::copy` for every length up to 24 and every
     /// overlap a QP sending to its own buffer can produce (destination before, on, or after

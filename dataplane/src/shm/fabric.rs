@@ -3,7 +3,10 @@
 //!
 //! Control-path operations (attach, create and destroy objects, allocate arena space) take a
 //! fabric-wide lock: a word holding the owner's pid, stolen when that pid is dead so a crashed
-//! process cannot wedge the fabric. The data path never takes it.
+//! process cannot wedge the fabric. The data path never takes it. A word held by a *live* pid
+//! (a hung process, a reused pid, a stray write) is waited for at most [`LOCK_PATIENCE`]; then
+//! the operation fails with an error naming the file, the pid and the remedy, so that nothing
+//! (attach, teardown, a signal handler's flag checked by the caller) waits forever.
 
 use super::layout::*;
 use super::ring::Ring;
@@ -26,6 +29,17 @@ pub(crate) struct Fabric {
     registered: bool,
 }
 
+/// Mappings (by base address) whose control-path lock has timed out: later attempts wait only
+/// [`WEDGED_PATIENCE`], so tearing down many objects of a wedged fabric takes seconds, not
+/// seconds per object. Kept here rather than as a flag in [`Fabric`]: a field there changed
+/// the handle's layout and, through inlining, the code of `post_recv` (+14 instructions per
+/// message, callgrind `profile_post_poll`). Only the control path reads it.
+static WEDGED: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+
+fn wedged_list() -> std::sync::MutexGuard<'static, Vec<usize>> {
+    WEDGED.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 // SAFETY: the mapping is shared memory accessed through atomics and bounds-checked raw
 // copies; the handle itself is immutable.
 unsafe impl Send for Fabric {}
@@ -45,6 +59,18 @@ pub(crate) fn pid_alive(pid: u32) -> bool {
     r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
+/// How long a pid lock waits for a holder that is alive before giving up.
+pub(crate) const LOCK_PATIENCE: Duration = Duration::from_secs(5);
+
+/// How long a fabric whose lock already timed out once waits for it again.
+const WEDGED_PATIENCE: Duration = Duration::from_millis(20);
+
+/// A pid lock stayed held by live process `holder` for the whole patience.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LockStuck {
+    pub holder: u32,
+}
+
 /// Guard of the fabric-wide control-path lock.
 pub(crate) struct FabricLock<'a> {
     word: &'a AtomicU32,
@@ -57,19 +83,42 @@ impl Drop for FabricLock<'_> {
     }
 }
 
-/// Takes a lock word in shared memory for `pid`, stealing it from a holder that died.
-pub(crate) fn pid_lock(word: &AtomicU32, pid: u32) -> FabricLock<'_> {
+/// Takes a lock word in shared memory for `pid`, stealing it from a holder that died; gives
+/// up after [`LOCK_PATIENCE`] if the holder stays alive.
+pub(crate) fn pid_lock(word: &AtomicU32, pid: u32) -> std::result::Result<FabricLock<'_>, LockStuck> {
+    pid_lock_within(word, pid, LOCK_PATIENCE)
+}
+
+/// [`pid_lock`] with its patience given. The clock is read only every 1024 failed attempts,
+/// with the liveness check, so an uncontended lock costs one CAS.
+pub(crate) fn pid_lock_within(
+    word: &AtomicU32,
+    pid: u32,
+    patience: Duration,
+) -> std::result::Result<FabricLock<'_>, LockStuck> {
     let mut spins = 0u32;
+    let mut deadline = None;
     loop {
         match word.compare_exchange_weak(0, pid, Ordering::Acquire, Ordering::Relaxed) {
-            Ok(_) => return FabricLock { word, pid },
+            Ok(_) => return Ok(FabricLock { word, pid }),
             Err(holder) => {
-                spins += 1;
-                if spins % 1024 == 0 && holder != 0 && holder != pid && !pid_alive(holder) {
-                    if word.compare_exchange(holder, pid, Ordering::Acquire, Ordering::Relaxed).is_ok() {
-                        return FabricLock { word, pid };
+                spins = spins.wrapping_add(1);
+                if spins % 1024 == 0 {
+                    if holder != 0
+                        && holder != pid
+                        && !pid_alive(holder)
+                        && word.compare_exchange(holder, pid, Ordering::Acquire, Ordering::Relaxed).is_ok()
+                    {
+                        return Ok(FabricLock { word, pid });
                     }
-                } else if spins > 64 {
+                    // A live holder (or our own pid, which only a stray write puts there while
+                    // we do not hold it; or a word someone keeps rewriting): wait, not forever.
+                    let now = Instant::now();
+                    if now >= *deadline.get_or_insert(now + patience) {
+                        return Err(LockStuck { holder });
+                    }
+                }
+                if spins > 64 {
                     std::thread::yield_now();
                 }
             }
@@ -97,14 +146,7 @@ impl Fabric {
                     return Ok((f, ctx));
                 }
                 None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(1)),
-                None => {
-                    return Err(Error::new(
-                        Errno::ETIMEDOUT,
-                        format!(
-                            "fabric {name:?} stayed unusable for 5 s (being created or torn down by another process)"
-                        ),
-                    ))
-                }
+                None => return Err(unusable(name)),
             }
         }
     }
@@ -129,8 +171,10 @@ impl Fabric {
                     Err(e) => return Err(e),
                 };
                 let f = Fabric::wrap(region, name);
+                // A creator sizes the file in one step (0, then all of it), so a length between
+                // is a file cut short: refuse it before reading a header that may not be there.
                 if (f.region.len() as u64) < TABLES.end as u64 {
-                    return Ok(None);
+                    return Err(truncated(&f, TABLES.end as u64));
                 }
                 if f.hdr().magic.load(Ordering::Acquire) != MAGIC {
                     return Ok(None); // creator still initialising
@@ -141,13 +185,30 @@ impl Fabric {
                         format!("fabric {name:?} has layout version {}, this build needs {VERSION}; remove it with `rm /dev/shm/dataplane.{name}` once no process uses it", f.hdr().version.load(Ordering::Relaxed)),
                     ));
                 }
-                let lock = f.lock();
+                // Shorter than its creator made it: touching the missing pages would be a
+                // SIGBUS. (Longer is as bad: it is not the file the header describes.)
+                let want = f.hdr().size.load(Ordering::Relaxed);
+                if want != f.size {
+                    return Err(truncated(&f, want));
+                }
+                let lock = match f.lock() {
+                    Ok(l) => l,
+                    // Held by a live process, yet every context is dead: the pid was reused
+                    // after the crash that left the fabric stale (or the word is a stray
+                    // write). Nobody uses the fabric: replace it. The CAS on `dead` lets one
+                    // of several openers doing this at once remove the file.
+                    Err(_) if f.all_contexts_dead() => {
+                        if f.hdr().dead.compare_exchange(0, 1, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
+                            f.region.unlink();
+                        }
+                        return Ok(None);
+                    }
+                    Err(e) => return Err(e),
+                };
                 if f.hdr().dead.load(Ordering::Relaxed) != 0 {
                     return Ok(None);
                 }
-                let stale = f.hdr().ctx_ever.load(Ordering::Relaxed) > 0
-                    && (0..MAX_CTX).all(|i| !pid_alive(f.ctx_slot(i).pid.load(Ordering::Relaxed)));
-                if stale {
+                if f.all_contexts_dead() {
                     // Left over by processes that all died: start afresh.
                     f.hdr().dead.store(1, Ordering::Relaxed);
                     f.region.unlink();
@@ -160,6 +221,13 @@ impl Fabric {
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// Whether contexts have attached and all of them belong to dead processes (a stale
+    /// fabric, left over by processes that all died).
+    fn all_contexts_dead(&self) -> bool {
+        self.hdr().ctx_ever.load(Ordering::Relaxed) > 0
+            && (0..MAX_CTX).all(|i| !pid_alive(self.ctx_slot(i).pid.load(Ordering::Relaxed)))
     }
 
     fn wrap(region: Region, name: &str) -> Fabric {
@@ -235,9 +303,50 @@ impl Fabric {
         self.table(TABLES.mr, idx)
     }
 
-    /// Takes the control-path lock, stealing it from a dead holder.
-    pub(crate) fn lock(&self) -> FabricLock<'_> {
-        pid_lock(&self.hdr().lock, self.pid)
+    /// Takes the control-path lock, stealing it from a dead holder. Fails with `ETIMEDOUT`
+    /// and the remedy when a live process holds it for [`LOCK_PATIENCE`] (then
+    /// [`WEDGED_PATIENCE`] on later calls: the fabric is wedged, teardown must not linger).
+    ///
+    /// Out of line: the control path is never hot (`mr::invalidate` and `bind_mw` reach it
+    /// from `exec_wr`).
+    #[inline(never)]
+    pub(crate) fn lock(&self) -> Result<FabricLock<'_>> {
+        let wedged = wedged_list().contains(&(self.base as usize));
+        let patience = if wedged { WEDGED_PATIENCE } else { LOCK_PATIENCE };
+        pid_lock_within(&self.hdr().lock, self.pid, patience).map_err(|LockStuck { holder }| {
+            let mut w = wedged_list();
+            if !w.contains(&(self.base as usize)) {
+                w.push(self.base as usize);
+            }
+            self.wedged_error(holder)
+        })
+    }
+
+    /// The error for a control-path lock held by live process `holder`.
+    #[cold]
+    fn wedged_error(&self, holder: u32) -> Error {
+        let path = self.path();
+        let who = if holder == self.pid { " (this process's pid, which it did not write: a stray write)" } else { "" };
+        Error::new(
+            Errno::ETIMEDOUT,
+            format!(
+                "fabric {:?}: its control-path lock has been held by live process {holder}{who} for more than {} s. \
+                 If that process is hung, stop it; if it is not a dataplane process of this fabric (a reused pid \
+                 or a stray write), the fabric is unusable: stop its processes and remove it with `rm {path}`",
+                self.name,
+                LOCK_PATIENCE.as_secs()
+            ),
+        )
+    }
+
+    /// The fabric's file, for messages.
+    pub(crate) fn path(&self) -> String {
+        match self.region.backing() {
+            crate::mem::RegionBacking::Hugetlbfs { path, .. } | crate::mem::RegionBacking::Shm { path, .. } => {
+                path.display().to_string()
+            }
+            _ => format!("dataplane.{}", self.name),
+        }
     }
 
     /// A pointer to `len` bytes at arena offset `off`, if the whole range is inside the
@@ -262,7 +371,7 @@ impl Fabric {
     /// Allocates `len` bytes aligned to 128 from the arena.
     pub(crate) fn alloc(&self, len: u64) -> Result<u64> {
         let len = len.div_ceil(128) * 128;
-        let _l = self.lock();
+        let _l = self.lock()?;
         let h = self.hdr();
         let n = h.n_extents.load(Ordering::Relaxed) as usize;
         for i in 0..n.min(MAX_EXTENTS) {
@@ -302,7 +411,8 @@ impl Fabric {
     pub(crate) fn free(&self, off: u64, len: u64) {
         let mut off = off;
         let mut len = len.div_ceil(128) * 128;
-        let _l = self.lock();
+        // A wedged fabric (lock held by a live stranger) leaks the range rather than hang.
+        let Ok(_l) = self.lock() else { return };
         let h = self.hdr();
         // Merge with neighbours.
         let mut i = 0;
@@ -360,7 +470,7 @@ impl Fabric {
         let events_len = Ring::bytes(EVENT_RING_CAP, EVENT_STRIDE) as u64;
         let events_off = self.alloc(events_len)?;
         self.init_ring(events_off, EVENT_RING_CAP, EVENT_STRIDE)?;
-        let _l = self.lock();
+        let _l = self.lock()?;
         for i in 0..MAX_CTX {
             let s = self.ctx_slot(i);
             let pid = s.pid.load(Ordering::Relaxed);
@@ -382,7 +492,8 @@ impl Fabric {
         let s = self.ctx_slot(idx);
         let off = s.events_off.load(Ordering::Relaxed);
         self.free(off, Ring::bytes(EVENT_RING_CAP, EVENT_STRIDE) as u64);
-        let _l = self.lock();
+        // Wedged: leave the slot (it is reclaimed once this pid is dead) and the file.
+        let Ok(_l) = self.lock() else { return };
         s.pid.store(0, Ordering::Release);
         let alive = (0..MAX_CTX).any(|i| pid_alive(self.ctx_slot(i).pid.load(Ordering::Relaxed)));
         if !alive {
@@ -453,6 +564,8 @@ impl Fabric {
 
 impl Drop for Fabric {
     fn drop(&mut self) {
+        // The address may be mapped again for another fabric.
+        wedged_list().retain(|&b| b != self.base as usize);
         if !self.registered {
             return;
         }
@@ -463,6 +576,36 @@ impl Drop for Fabric {
             }
         }
     }
+}
+
+/// The error for a fabric file whose length is not the one its creator gave it.
+#[cold]
+fn truncated(f: &Fabric, want: u64) -> Error {
+    let path = f.path();
+    Error::new(
+        Errno::EIO,
+        format!(
+            "fabric {:?}: {path} has {} bytes, its header says {want}: the file was truncated or replaced \
+             (a full /dev/shm, `truncate`, another program), and mapping it would crash with SIGBUS. Stop the \
+             processes using it and remove it: `rm {path}`",
+            f.name, f.size
+        ),
+    )
+}
+
+/// The error when attaching kept finding the fabric's file without a usable header.
+#[cold]
+fn unusable(name: &str) -> Error {
+    let msg = match Region::shared_path(name) {
+        Some(p) => format!(
+            "fabric {name:?}: {} has had no fabric header for 5 s: another process is creating or removing \
+             it, or its creator died half-way. If no dataplane process uses this fabric, remove the file: `rm {}`",
+            p.display(),
+            p.display()
+        ),
+        None => format!("fabric {name:?} was created and removed by other processes over and over for 5 s"),
+    };
+    Error::new(Errno::ETIMEDOUT, msg)
 }
 
 /// An atomic u64 at a fabric offset, after a bounds and alignment check (remote atomics).
@@ -506,5 +649,105 @@ mod tests {
         let (got, _) = opened.unwrap();
         assert_eq!(got, name);
         creator.join().unwrap();
+    }
+
+    /// Issue 15, defect 3: a fabric file cut short (a full /dev/shm, `truncate`) is refused on
+    /// attach with the file and the remedy named, instead of being mapped and crashing the
+    /// attacher with SIGBUS at the first touch of a missing page.
+    #[test]
+    fn a_truncated_fabric_file_is_refused_on_attach() {
+        let name = format!("fabric-cut-{}", std::process::id());
+        let size = TABLES.end + (8 << 20);
+        let (f, ctx) = Fabric::open(&name, size, HugePolicy::Never).unwrap();
+        let path = f.path();
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        // Keep the tables (this process's own teardown touches them), cut the arena.
+        file.set_len(TABLES.end as u64 + 4096).unwrap();
+        let e = Fabric::try_open(&name, size, HugePolicy::Never).err().expect("a truncated fabric must be refused");
+        file.set_len(f.size).unwrap();
+        assert_eq!(e.errno, Errno::EIO);
+        for part in [path.as_str(), "truncated", "rm "] {
+            assert!(e.msg.contains(part), "{:?} lacks {part:?}", e.msg);
+        }
+        f.free_ctx(ctx);
+    }
+
+    /// Issue 15, defect 3: a fabric file without a header (its creator died half-way) used to
+    /// give "stayed unusable for 5 s", naming neither the file nor what to do.
+    #[test]
+    fn a_fabric_file_without_a_header_is_reported_with_its_path_and_remedy() {
+        let name = format!("fabric-nomagic-{}", std::process::id());
+        let size = TABLES.end + (8 << 20);
+        let region = Region::create_shared(&name, size, HugePolicy::Never).unwrap();
+        let e = Fabric::open(&name, size, HugePolicy::Never).err().expect("no header, no fabric");
+        region.unlink();
+        let path = format!("/dev/shm/dataplane.{name}");
+        for part in [path.as_str(), "no fabric header", "rm "] {
+            assert!(e.msg.contains(part), "{:?} lacks {part:?}", e.msg);
+        }
+    }
+
+    /// Issue 15, defect 2, the pid-reuse case: the processes of a fabric all died, and the
+    /// pid in its lock word now belongs to an unrelated live process. The fabric is stale, so
+    /// the next open replaces it (after the lock's patience) instead of failing for good.
+    #[test]
+    fn a_stale_fabric_whose_lock_pid_was_reused_is_replaced() {
+        let name = format!("fabric-reused-{}", std::process::id());
+        let size = TABLES.end + (8 << 20);
+        let (f, ctx) = Fabric::open(&name, size, HugePolicy::Never).unwrap();
+        let mut gone = std::process::Command::new("true").spawn().expect("spawn true");
+        gone.wait().unwrap();
+        let mut stranger = std::process::Command::new("sleep").arg("60").spawn().expect("spawn sleep");
+        // As a crash leaves it: our context's owner dead, the lock word naming a live pid.
+        f.ctx_slot(ctx).pid.store(gone.id(), Ordering::Relaxed);
+        f.hdr().lock.store(stranger.id(), Ordering::Relaxed);
+        let t = Instant::now();
+        let fresh = loop {
+            match Fabric::try_open(&name, size, HugePolicy::Never) {
+                Ok(Some(o)) => break o,
+                Ok(None) => assert!(t.elapsed() < LOCK_PATIENCE + Duration::from_secs(10), "never replaced"),
+                Err(e) => panic!("a stale fabric must be replaced, got: {e}"),
+            }
+        };
+        assert_ne!(fresh.0.base, f.base);
+        assert_eq!(fresh.0.hdr().lock.load(Ordering::Relaxed), 0, "a fresh fabric");
+        fresh.0.free_ctx(fresh.1);
+        let _ = stranger.kill();
+        let _ = stranger.wait();
+    }
+
+    /// Issue 15, defect 2: a live pid in the control-path lock word (a hung process, a reused
+    /// pid, a stray write) used to make every later open spin forever, deaf to SIGTERM, and
+    /// teardown hang. Open must fail within the patience with an error naming the pid, the
+    /// file and the remedy; teardown must end too.
+    #[test]
+    fn a_lock_held_by_a_live_stranger_fails_open_and_teardown_ends() {
+        let name = format!("fabric-wedged-{}", std::process::id());
+        let size = TABLES.end + (8 << 20);
+        let (f, ctx) = Fabric::open(&name, size, HugePolicy::Never).unwrap();
+        let mut stranger = std::process::Command::new("sleep").arg("60").spawn().expect("spawn sleep");
+        f.hdr().lock.store(stranger.id(), Ordering::Relaxed);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let n = name.clone();
+        // Another process's attach (`try_open` is what `open` runs when this process has no
+        // mapping of the fabric yet).
+        std::thread::spawn(move || {
+            let _ = tx.send(Fabric::try_open(&n, size, HugePolicy::Never).map(|o| o.is_some()));
+        });
+        let e = rx
+            .recv_timeout(LOCK_PATIENCE + Duration::from_secs(10))
+            .expect("attach waited forever on a lock held by a live process")
+            .expect_err("attach to a wedged fabric must fail");
+        assert_eq!(e.errno, Errno::ETIMEDOUT);
+        for part in [stranger.id().to_string(), f.path(), "rm ".to_string()] {
+            assert!(e.msg.contains(&part), "{:?} lacks {part:?}", e.msg);
+        }
+        let t = Instant::now();
+        f.free_ctx(ctx);
+        assert!(t.elapsed() < LOCK_PATIENCE + Duration::from_secs(3), "teardown took {:?}", t.elapsed());
+        f.hdr().lock.store(0, Ordering::Relaxed);
+        let _ = stranger.kill();
+        let _ = stranger.wait();
+        f.region.unlink();
     }
 }

@@ -110,7 +110,7 @@ impl ShmMr {
         }
         let off = region.inner.off + offset as u64;
         let va = region.inner.ptr as u64 + offset as u64;
-        let _l = f.lock();
+        let _l = f.lock()?;
         let (idx, gen) = claim_mr_slot(f)?;
         let key = mr_key(gen, idx, 0);
         let s = f.mr_slot(idx);
@@ -129,7 +129,8 @@ impl ShmMr {
 impl Drop for ShmMr {
     fn drop(&mut self) {
         let f = &self.pd.ctx.fabric;
-        let _l = f.lock();
+        // A wedged fabric (its lock held by a live stranger): leave the slot, do not hang.
+        let Ok(_l) = f.lock() else { return };
         let s = f.mr_slot(self.idx);
         if s.key.load(Ordering::Relaxed) == self.key {
             s.key.store(0, Ordering::Release);
@@ -239,7 +240,7 @@ pub struct ShmMw {
 impl ShmMw {
     pub(crate) fn alloc(pd: &Arc<PdInner>) -> Result<ShmMw> {
         let f = &pd.ctx.fabric;
-        let _l = f.lock();
+        let _l = f.lock()?;
         let (idx, gen) = claim_mr_slot(f)?;
         let s = f.mr_slot(idx);
         s.kind.store(KIND_MW, Ordering::Relaxed);
@@ -260,7 +261,8 @@ impl ShmMw {
 impl Drop for ShmMw {
     fn drop(&mut self) {
         let f = &self.pd.ctx.fabric;
-        let _l = f.lock();
+        // As for `ShmMr`.
+        let Ok(_l) = f.lock() else { return };
         let s = f.mr_slot(self.idx);
         if s.kind.load(Ordering::Relaxed) == KIND_MW && s.pd.load(Ordering::Relaxed) == self.pd.pdn {
             s.key.store(0, Ordering::Release);
@@ -288,7 +290,8 @@ pub(crate) fn bind_mw(f: &Fabric, pd: u32, b: &crate::verbs::MwBindInfo) -> bool
     }
     let off = mr.fabric_offset(addr, len).unwrap_or(0);
     let s = f.mr_slot(mw.idx);
-    let _l = f.lock();
+    // A wedged fabric fails the bind (MW_BIND_ERR) rather than hang the poster.
+    let Ok(_l) = f.lock() else { return false };
     if s.key.load(Ordering::Relaxed) != mw_rkey {
         return false;
     }
@@ -314,7 +317,8 @@ pub(crate) fn invalidate(f: &Fabric, pd: u32, rkey: u32) -> bool {
         return false;
     }
     let s = f.mr_slot(mw.idx);
-    let _l = f.lock();
+    // As in `bind_mw`.
+    let Ok(_l) = f.lock() else { return false };
     if s.key.load(Ordering::Relaxed) != rkey {
         return false;
     }

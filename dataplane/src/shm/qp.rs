@@ -413,7 +413,7 @@ impl ShmQp {
                 f.free(*off, *len);
             }
         };
-        let l = f.lock();
+        let l = f.lock()?;
         let claimed = f.claim_slot(
             MAX_QP,
             |i| {
@@ -529,13 +529,15 @@ impl Drop for ShmQp {
             g.set_pending_registered(false);
             g.pending.clear();
         }
-        let l = f.lock();
-        let s = f.qp_slot(self.idx);
-        if s.qpn.load(Ordering::Relaxed) == self.qpn {
-            s.state.store(QpState::Reset as u32, Ordering::Release);
-            s.qpn.store(0, Ordering::Release);
+        // A wedged fabric (its lock held by a live stranger): leave the slot, do not hang.
+        if let Ok(l) = f.lock() {
+            let s = f.qp_slot(self.idx);
+            if s.qpn.load(Ordering::Relaxed) == self.qpn {
+                s.state.store(QpState::Reset as u32, Ordering::Release);
+                s.qpn.store(0, Ordering::Release);
+            }
+            drop(l);
         }
-        drop(l);
         if let Some((_, off, len)) = self.rq {
             f.free(off, len);
         }

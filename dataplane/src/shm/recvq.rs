@@ -126,7 +126,9 @@ pub(crate) fn push(ring: &Ring, wr_id: u64, sges: &[Sge]) -> bool {
 }
 
 /// Takes the oldest request. The SGE count read from shared memory is clamped to what the
-/// cell can hold, so a corrupt cell cannot make us read past it.
+/// cell can hold, so a corrupt cell cannot make us read past it. A stalled ring
+/// ([`Pop::Stalled`], corrupt) reads as empty here; a sender tells the two apart on its cold
+/// path ([`Ring::stalled`]).
 #[inline]
 pub(crate) fn pop(ring: &Ring, out: &mut RecvEntry) -> bool {
     let cap = ((ring.payload_len() - RECV_HDR_LEN) / RECV_SGE_LEN).min(MAX_SGE);

@@ -28,7 +28,11 @@
 //! Trust boundary: a peer can write anything into the shared header and cells. The local
 //! [`Ring`] view keeps its own copy of the mask and stride (never re-read from shared memory),
 //! and every index is masked, so a hostile value can stall the ring but never move an access
-//! outside it.
+//! outside it. Nor can it hold a caller forever: every loop that re-reads shared words gives
+//! up after [`MAX_REREADS`] attempts that made no progress, reporting the ring stalled
+//! ([`Pop::Stalled`]) or full. A healthy ring never comes near the bound: each re-read means
+//! another thread moved `head` or `tail` meanwhile. The count lives on the retry branch only,
+//! so the first attempt (nearly every call) costs what it did.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -40,6 +44,12 @@ pub(crate) struct RingHeader {
     tail: AtomicU64,
     _pad1: [u8; 120],
 }
+
+/// Re-reads of a shared position after which a ring operation gives up. A re-read happens
+/// only when another producer or consumer won the race for the cell (so `head`/`tail` moved)
+/// or when the ring's words are inconsistent (a corrupt or hostile peer); 65,536 lost races in
+/// a row do not happen on a healthy ring, and the bound costs well under a millisecond.
+pub(crate) const MAX_REREADS: u32 = 1 << 16;
 
 /// Bytes the header occupies before the first cell.
 pub(crate) const RING_HEADER_LEN: usize = std::mem::size_of::<RingHeader>();
@@ -65,6 +75,9 @@ pub(crate) enum Pop {
     Item,
     /// No entry ready.
     Empty,
+    /// The ring's shared words are inconsistent (a cell's sequence stays ahead of `head`):
+    /// gave up after [`MAX_REREADS`] re-reads. Only a corrupt or hostile writer causes it.
+    Stalled,
 }
 
 impl Ring {
@@ -149,6 +162,7 @@ impl Ring {
     pub(crate) fn push(&self, fill: impl FnOnce(*mut u8)) -> bool {
         let hdr = self.hdr();
         let mut pos = hdr.tail.load(Ordering::Relaxed);
+        let mut rereads = 0u32;
         loop {
             let (payload, seq) = self.cell(pos);
             let s = seq.load(Ordering::Acquire);
@@ -166,6 +180,12 @@ impl Ring {
                 return false;
             } else {
                 pos = hdr.tail.load(Ordering::Relaxed);
+            }
+            // Stalled (see the module docs): reads as full, as a scribbled cell does in
+            // `push_single`.
+            rereads += 1;
+            if rereads >= MAX_REREADS {
+                return false;
             }
         }
     }
@@ -194,10 +214,12 @@ impl Ring {
     }
 
     /// Takes the oldest entry, letting `read` copy its payload out. Safe for many consumers.
+    /// [`Pop::Stalled`] when the ring's words stay inconsistent for [`MAX_REREADS`] re-reads.
     #[inline]
     pub(crate) fn pop(&self, read: impl FnOnce(*const u8)) -> Pop {
         let hdr = self.hdr();
         let mut pos = hdr.head.load(Ordering::Relaxed);
+        let mut rereads = 0u32;
         loop {
             let (payload, seq) = self.cell(pos);
             let s = seq.load(Ordering::Acquire);
@@ -216,7 +238,29 @@ impl Ring {
             } else {
                 pos = hdr.head.load(Ordering::Relaxed);
             }
+            if rereads == MAX_REREADS {
+                return Pop::Stalled;
+            }
+            rereads += 1;
         }
+    }
+
+    /// Whether consumers are stuck on this ring: the cell at `head` keeps a sequence ahead of
+    /// `head + 1` (which on a healthy ring means another consumer took it and `head` is about
+    /// to move) for [`MAX_REREADS`] re-reads. Only a corrupt or hostile writer makes it true;
+    /// it is what made [`Ring::pop`] report [`Pop::Stalled`]. For a consumer that found no
+    /// entry, on its cold path: an empty or ready ring answers after one read.
+    pub(crate) fn stalled(&self) -> bool {
+        let hdr = self.hdr();
+        let mut pos = hdr.head.load(Ordering::Relaxed);
+        for _ in 0..MAX_REREADS {
+            let s = self.cell(pos).1.load(Ordering::Acquire);
+            if s.wrapping_sub(pos.wrapping_add(1)) as i64 <= 0 {
+                return false;
+            }
+            pos = hdr.head.load(Ordering::Relaxed);
+        }
+        true
     }
 
     /// Hints the CPU to fetch the cell at position `head + ahead` into this core's cache.
@@ -270,6 +314,7 @@ impl Ring {
     pub(crate) fn push_tracked(&self, head_seen: &mut u64, fill: impl FnOnce(*mut u8)) -> bool {
         let hdr = self.hdr();
         let mut pos = hdr.tail.load(Ordering::Relaxed);
+        let mut rereads = 0u32;
         loop {
             if !self.room_at(&mut pos, head_seen) {
                 return false;
@@ -283,6 +328,12 @@ impl Ring {
                     return true;
                 }
                 Err(cur) => pos = cur,
+            }
+            // Only a peer rewriting `tail` without end keeps the CAS failing: reads as full
+            // (the CQ then overruns into error).
+            rereads += 1;
+            if rereads >= MAX_REREADS {
+                return false;
             }
         }
     }
@@ -306,6 +357,114 @@ impl Ring {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A hostile peer's writes into a receive ring (issue 15, defect 1): the sender delivering
+    /// into it must fail the message with REM_OP_ERR, not spin in `Ring::pop` forever. The
+    /// poster runs on its own thread so that the regression fails the test instead of hanging it.
+    mod hostile_receive_ring {
+        use crate::mem::HugePolicy;
+        use crate::shm::layout::{key_index, recv_stride, QP_IDX_BITS};
+        use crate::shm::{Shm, ShmConfig, ShmContext, ShmQp, ShmSrq};
+        use crate::verbs::*;
+        use crate::{Context, Cq, Mr, Pd, Provider, Qp, QpInitAttr};
+        use std::sync::atomic::{AtomicU64, Ordering};
+        use std::time::{Duration, Instant};
+
+        fn rts(qp: &mut ShmQp, dest: u32) {
+            qp.modify(&QpAttr { state: QpState::Init, ..Default::default() }).unwrap();
+            qp.modify(&QpAttr { state: QpState::Rtr, dest_qp_num: dest, ..Default::default() }).unwrap();
+            qp.modify(&QpAttr { state: QpState::Rts, ..Default::default() }).unwrap();
+        }
+
+        /// Sends one 8-byte message from `qa` on another thread; the sender's completion
+        /// status, or a panic if it took longer than 10 s.
+        fn send_one(ctx: &ShmContext, pd: &<Shm as Provider>::Pd, qa: ShmQp, scq: <Shm as Provider>::Cq) -> WcStatus {
+            let region = ctx.alloc_region(4096).unwrap();
+            let mr = pd.reg_mr(&region, 0, 4096, AccessFlags::LOCAL_WRITE).unwrap();
+            let sge = Sge::new(mr.addr(), 8, mr.lkey());
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let (mut qa, mut scq) = (qa, scq);
+                let _ = qa.post_send(&SendChain::one(SendWr::send(1).signaled(), &[sge]));
+                let mut wc = [WorkCompletion::default(); 1];
+                let end = Instant::now() + Duration::from_secs(5);
+                while Instant::now() < end {
+                    if scq.poll(&mut wc).unwrap_or(0) == 1 {
+                        let _ = tx.send(wc[0].status);
+                        return;
+                    }
+                }
+            });
+            let status = rx.recv_timeout(Duration::from_secs(10)).expect("post_send spun on a corrupt receive ring");
+            drop((mr, region));
+            status
+        }
+
+        fn open(t: &str) -> (ShmContext, <Shm as Provider>::Pd, <Shm as Provider>::Cq, <Shm as Provider>::Cq) {
+            let cfg = ShmConfig {
+                fabric: format!("unit-hostile-{t}-{}", std::process::id()),
+                size: 16 << 20,
+                huge: HugePolicy::Never,
+            };
+            let ctx = Shm::open(&cfg).unwrap();
+            let pd = ctx.alloc_pd().unwrap();
+            let (scq, rcq) = (ctx.create_cq(16).unwrap(), ctx.create_cq(16).unwrap());
+            (ctx, pd, scq, rcq)
+        }
+
+        fn qp(
+            pd: &<Shm as Provider>::Pd,
+            scq: &<Shm as Provider>::Cq,
+            rcq: &<Shm as Provider>::Cq,
+            srq: Option<&ShmSrq>,
+        ) -> ShmQp {
+            let attr = QpInitAttr {
+                send_cq: scq,
+                recv_cq: rcq,
+                srq,
+                cap: QpCaps::default(),
+                qp_type: QpType::Rc,
+                sq_sig_all: false,
+            };
+            pd.create_qp(&attr).unwrap()
+        }
+
+        #[test]
+        fn every_srq_cell_sequence_far_ahead_fails_the_sender() {
+            let (ctx, pd, scq, rcq) = open("srq");
+            let srq = pd.create_srq(&SrqAttr { max_wr: 8, max_sge: 1, srq_limit: 0 }).unwrap();
+            let (mut qa, mut qb) = (qp(&pd, &scq, &rcq, None), qp(&pd, &scq, &rcq, Some(&srq)));
+            rts(&mut qa, qb.qp_num());
+            rts(&mut qb, qa.qp_num());
+            let ring = srq.shared.ring;
+            for i in 0..ring.capacity() {
+                ring.cell(i).1.store(1 << 62, Ordering::Relaxed);
+            }
+            assert_eq!(send_one(&ctx, &pd, qa, scq), WcStatus::RemOpErr);
+            assert_eq!(qb.state(), QpState::Error, "the responder with the corrupt queue is in ERROR");
+        }
+
+        #[test]
+        fn rq_head_at_the_top_of_u64_fails_the_sender() {
+            let (ctx, pd, scq, rcq) = open("rq");
+            let (mut qa, mut qb) = (qp(&pd, &scq, &rcq, None), qp(&pd, &scq, &rcq, None));
+            rts(&mut qa, qb.qp_num());
+            rts(&mut qb, qa.qp_num());
+            let f = &ctx.inner.fabric;
+            let s = f.qp_slot(key_index(qb.qp_num(), QP_IDX_BITS));
+            let ring = f
+                .ring(
+                    s.rq_off.load(Ordering::Relaxed),
+                    s.rq_cap.load(Ordering::Relaxed) as usize,
+                    recv_stride(s.rq_sge.load(Ordering::Relaxed)),
+                )
+                .unwrap();
+            // SAFETY: `head` is the header's first word, an AtomicU64 inside the mapped ring.
+            unsafe { &*(ring.hdr as *const AtomicU64) }.store(u64::MAX, Ordering::Relaxed);
+            assert_eq!(send_one(&ctx, &pd, qa, scq), WcStatus::RemOpErr);
+            assert_eq!(qb.state(), QpState::Error);
+        }
+    }
 
     #[repr(C, align(128))]
     struct Buf([u8; 4096]);
@@ -332,6 +491,22 @@ mod tests {
         r.hdr().head.store(100, Ordering::Relaxed);
         let (mut pos, mut seen) = (6u64, 0u64);
         assert!(!r.room_at(&mut pos, &mut seen));
+    }
+
+    /// Cell sequences a peer set far ahead of every position: pop reports the ring stalled
+    /// and push reports it full, each after a bounded number of re-reads, instead of looping.
+    #[test]
+    fn scribbled_sequences_stall_pop_and_push_without_looping() {
+        let mut b = Box::new(Buf([0; 4096]));
+        // SAFETY: the buffer is big enough for 4 cells of 16 bytes and private to the test.
+        let r = unsafe { Ring::init(b.0.as_mut_ptr(), 4, 16) };
+        assert!(!r.stalled(), "an empty ring is not stalled");
+        for i in 0..4 {
+            r.cell(i).1.store(1 << 62, Ordering::Relaxed);
+        }
+        assert!(matches!(r.pop(|_| unreachable!()), Pop::Stalled));
+        assert!(r.stalled());
+        assert!(!r.push(|_| unreachable!()));
     }
 
     #[test]
@@ -397,6 +572,7 @@ mod tests {
                                 Pop::Item if v == u64::MAX => break got,
                                 Pop::Item => got.push(v),
                                 Pop::Empty => std::hint::spin_loop(),
+                                Pop::Stalled => panic!("a healthy ring under contention reported stalled"),
                             }
                         }
                     })

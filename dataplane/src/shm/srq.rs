@@ -29,12 +29,14 @@ pub(crate) struct SrqShared {
 impl Drop for SrqShared {
     fn drop(&mut self) {
         let f = &self.ctx.fabric;
-        let _l = f.lock();
-        let s = f.srq_slot(self.idx);
-        if s.srqn.load(Ordering::Relaxed) == self.srqn {
-            s.srqn.store(0, Ordering::Release);
+        // A wedged fabric (its lock held by a live stranger): leave the slot, do not hang.
+        if let Ok(l) = f.lock() {
+            let s = f.srq_slot(self.idx);
+            if s.srqn.load(Ordering::Relaxed) == self.srqn {
+                s.srqn.store(0, Ordering::Release);
+            }
+            drop(l);
         }
-        drop(_l);
         f.free(self.ring_off, self.ring_len);
         if let Some((_, off, len)) = self.tm {
             f.free(off, len);
@@ -119,7 +121,7 @@ impl ShmSrq {
                 }
             }
         };
-        let l = f.lock();
+        let l = f.lock()?;
         let claimed = f.claim_slot(
             MAX_SRQ,
             |i| {

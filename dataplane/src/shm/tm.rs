@@ -4,10 +4,13 @@
 //!
 //! The list is guarded by a pid lock word (stolen from a dead holder): matching must pick
 //! the oldest matching entry and consume it exactly once across all senders, which a short
-//! critical section does simply. Tag matching is its own path; plain SRQs never touch it.
+//! critical section does simply. A word held by a live process for
+//! [`LOCK_PATIENCE`](super::fabric::LOCK_PATIENCE) (hung, or a stray write) fails the
+//! operation instead of waiting forever. Tag matching is its own path; plain SRQs never touch
+//! it.
 
 use super::cq::{cq_ring, push_cqe, Cqe};
-use super::fabric::{pid_lock, Fabric};
+use super::fabric::{pid_lock, Fabric, LockStuck};
 use super::recvq::{self, MAX_SGE};
 use crate::verbs::*;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -133,11 +136,16 @@ impl TmView {
     }
 
     /// Finds and consumes the oldest entry matching `tag` (if matching is on). Copies its
-    /// buffers into `out`.
-    pub(crate) fn take_match(&self, f: &Fabric, tag: u64, out: &mut recvq::RecvEntry) -> bool {
-        let _l = pid_lock(&self.hdr().lock, f.pid());
+    /// buffers into `out`. Fails when the list's lock stays held by a live process.
+    pub(crate) fn take_match(
+        &self,
+        f: &Fabric,
+        tag: u64,
+        out: &mut recvq::RecvEntry,
+    ) -> std::result::Result<bool, LockStuck> {
+        let _l = pid_lock(&self.hdr().lock, f.pid())?;
         if !self.in_sync() {
-            return false;
+            return Ok(false);
         }
         let mut best: Option<(usize, u64)> = None;
         for i in 0..self.max_tags as usize {
@@ -152,7 +160,7 @@ impl TmView {
                 }
             }
         }
-        let Some((i, _)) = best else { return false };
+        let Some((i, _)) = best else { return Ok(false) };
         let e = self.entry(i);
         out.wr_id = e.wr_id.load(Ordering::Relaxed);
         out.n = (e.n_sge.load(Ordering::Relaxed) as usize).min(self.max_sge as usize);
@@ -163,16 +171,21 @@ impl TmView {
         // Consumed: the handle goes stale (a TAG_DEL of it gets IBV_WC_TM_ERR).
         e.gen.fetch_add(1, Ordering::Relaxed);
         e.state.store(FREE, Ordering::Relaxed);
-        true
+        Ok(true)
     }
 
-    /// Counts one unexpected message; returns whether software must now sync.
+    /// Counts one unexpected message; returns whether software must now sync. A wedged lock
+    /// loses the count (the message itself is delivered).
     pub(crate) fn count_unexpected(&self, f: &Fabric) -> bool {
-        let _l = pid_lock(&self.hdr().lock, f.pid());
+        let Ok(_l) = pid_lock(&self.hdr().lock, f.pid()) else { return false };
         self.hdr().hw_cnt.fetch_add(1, Ordering::Relaxed);
         true
     }
 }
+
+/// Why a list operation failed on a wedged lock.
+const TM_LOCK_STUCK: &str = "the tag list's lock stayed held by a live process for 5 s (hung, or a stray write \
+     into the fabric); the SRQ is unusable";
 
 /// Completion of a list operation on the SRQ's CQ.
 fn complete(f: &Fabric, v: &TmView, wr: &OpsWr, status: WcStatus, sync_req: bool) {
@@ -212,12 +225,13 @@ pub(crate) fn post_ops(
         sges[..n].copy_from_slice(chain.sges(i));
         let mut status = WcStatus::Success;
         let h = v.hdr();
-        let lock = pid_lock(&h.lock, f.pid());
+        let stuck = |_| PostError::new(Errno::ETIMEDOUT, i, TM_LOCK_STUCK);
+        let lock = pid_lock(&h.lock, f.pid()).map_err(stuck)?;
         match wr.opcode {
             OpsOpcode::TagAdd => {
                 drop(lock);
                 recvq::validate(f, pd, v.max_sge, &sges[..n], i)?;
-                let lock = pid_lock(&h.lock, f.pid());
+                let lock = pid_lock(&h.lock, f.pid()).map_err(stuck)?;
                 let Some(idx) = (0..v.max_tags as usize).find(|&k| v.entry(k).state.load(Ordering::Relaxed) == FREE)
                 else {
                     return Err(PostError::new(Errno::ENOMEM, i, "tag list full (max_num_tags entries in use)"));
@@ -258,7 +272,7 @@ pub(crate) fn post_ops(
             }
             OpsOpcode::TagSync => drop(lock),
         }
-        let lock = pid_lock(&h.lock, f.pid());
+        let lock = pid_lock(&h.lock, f.pid()).map_err(stuck)?;
         if wr.flags.contains(OpsFlags::TM_SYNC) {
             h.sw_cnt.store(wr.unexpected_cnt, Ordering::Relaxed);
         }

@@ -74,6 +74,7 @@ suite!(ShmHarness;
     tm_list_full_and_ops_limit,
     tm_bad_handle_and_plain_srq,
     tm_oldest_entry_matches_first,
+    tm_matched_buffer_error_fails_the_sender,
     rnr_retry_progresses_without_polling_the_send_cq,
     tm_refused_without_tm_caps,
     uc_rdma_write_and_write_with_imm,

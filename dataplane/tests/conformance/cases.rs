@@ -1783,7 +1783,7 @@ struct Tm<H: Harness> {
     a: Node<H>,
     b: Node<H>,
     qa: QpOf<H>,
-    _qb: QpOf<H>,
+    qb: QpOf<H>,
     srq: SrqOf<H>,
 }
 
@@ -1797,7 +1797,7 @@ fn tm_setup<H: Harness>(t: &str, max_num_tags: u32, max_ops: u32) -> Tm<H> {
     let mut qb = b.qp(QpType::Rc, QpCaps::default(), Some(&srq), false);
     let mut qa = a.qp(QpType::Rc, QpCaps::default(), None, false);
     connect::<H>(&mut qa, &mut qb, &ConnOpts::default());
-    Tm { a, b, qa, _qb: qb, srq }
+    Tm { a, b, qa, qb, srq }
 }
 
 impl<H: Harness> Tm<H> {
@@ -1942,6 +1942,42 @@ pub fn tm_bad_handle_and_plain_srq<H: Harness>(t: &str) {
     let mut c = OpsChain::new();
     c.push(OpsWr::sync(1, 0), &[]);
     assert!(plain.post_ops(&mut c).is_err());
+}
+
+/// A matched tagged buffer that cannot take the message fails as a plain receive request
+/// does (ibv_poll_cq(3), docs/shm-provider.md): too small, the receiver gets LOC_LEN_ERR and
+/// the RC requester REM_INV_REQ_ERR; its MR deregistered after TAG_ADD, LOC_PROT_ERR and
+/// REM_OP_ERR. Both QPs go to ERROR. (The requester used to see success, both QPs in RTS.)
+pub fn tm_matched_buffer_error_fails_the_sender<H: Harness>(t: &str) {
+    let mut s = tm_setup::<H>(t, 4, 8);
+    s.add(1, 500, 0x7, u64::MAX, 4096);
+    let mut msg = Tmh::eager(0x7, 0).to_bytes().to_vec();
+    msg.extend_from_slice(&pattern(3, 300));
+    s.a.write(0, &msg);
+    send(&mut s.qa, &s.a, 9, 0, msg.len() as u32);
+    let w = poll_one(&mut s.a.scq);
+    let r = poll_one(&mut s.b.rcq);
+    assert_eq!((r.wr_id, r.opcode, r.status), (500, WcOpcode::TmRecv, WcStatus::LocLenErr));
+    assert_eq!((w.wr_id, w.status), (9, WcStatus::RemInvReqErr), "a 300-byte payload into 256 bytes");
+    assert_eq!((s.qa.state(), s.qb.state()), (QpState::Error, QpState::Error));
+
+    let mut s = tm_setup::<H>(&format!("{t}-dereg"), 4, 8);
+    let mr2 = s.b.pd.reg_mr(&s.b.region, 4096, 4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let mut c = OpsChain::new();
+    c.push(OpsWr::add(1, 501, 0x8, u64::MAX).signaled(), &[Sge::new(mr2.addr(), 256, mr2.lkey())]);
+    s.srq.post_ops(&mut c).expect("TAG_ADD");
+    assert!(poll_one(&mut s.b.rcq).is_ok());
+    drop(mr2);
+    let mut msg = Tmh::eager(0x8, 0).to_bytes().to_vec();
+    msg.extend_from_slice(&[0xab; 16]);
+    s.a.write(0, &msg);
+    send(&mut s.qa, &s.a, 10, 0, msg.len() as u32);
+    let w = poll_one(&mut s.a.scq);
+    let r = poll_one(&mut s.b.rcq);
+    assert_eq!((r.wr_id, r.opcode, r.status), (501, WcOpcode::TmRecv, WcStatus::LocProtErr));
+    assert_eq!((w.wr_id, w.status), (10, WcStatus::RemOpErr));
+    assert_eq!((s.qa.state(), s.qb.state()), (QpState::Error, QpState::Error));
+    assert_eq!(s.b.read(4096, 16), [0u8; 16], "nothing written through a deregistered MR");
 }
 
 /// Tag matching consumes the oldest matching entry first.

@@ -116,6 +116,10 @@ const RDMA_UNSUPPORTED: &[(&str, &str)] = &[
         "rxe has no tag matching (no TM caps): ibv_post_srq_ops is mlx5-only; checked by tm_refused_without_tm_caps",
     ),
     (
+        "tm_matched_buffer_error_fails_the_sender",
+        "rxe has no tag matching (no TM caps): ibv_post_srq_ops is mlx5-only; checked by tm_refused_without_tm_caps",
+    ),
+    (
         "tm_oldest_entry_matches_first",
         "rxe has no tag matching (no TM caps): ibv_post_srq_ops is mlx5-only; checked by tm_refused_without_tm_caps",
     ),
