@@ -58,6 +58,11 @@ use std::cell::Cell;
 use std::fmt;
 use std::marker::PhantomData;
 use std::ptr::NonNull;
+// Under `--cfg loom` (the model-checking build, docs/reliability.md) the ring's atomics are
+// loom's, so `loom::model` explores every interleaving of the tests at the end of this file.
+#[cfg(loom)]
+use loom::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+#[cfg(not(loom))]
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -70,6 +75,7 @@ pub const CACHE_LINE: usize = 64;
 const CHUNK: usize = 64;
 
 /// Spins on a slot held by a preempted thread before yielding the CPU.
+#[cfg_attr(loom, allow(dead_code))] // loom builds always yield
 const SPINS_BEFORE_YIELD: u32 = 128;
 
 /// A handle to one buffer of a [`BufferPool`].
@@ -240,11 +246,7 @@ impl Ring {
                     // The slot still holds the previous lap's value: a consumer has claimed
                     // it but not released it yet (the ring cannot really be full). Wait.
                     spins += 1;
-                    if spins < SPINS_BEFORE_YIELD {
-                        std::hint::spin_loop();
-                    } else {
-                        std::thread::yield_now();
-                    }
+                    wait_for_slot(spins);
                 }
                 // Relaxed: as above.
                 pos = self.tail.load(Ordering::Relaxed);
@@ -269,6 +271,23 @@ impl Ring {
                 Err(cur) => pos = cur,
             }
         }
+    }
+}
+
+/// One wait of `push_many` for a slot a preempted consumer still holds: spin a while, then
+/// yield. (Under loom every wait yields, so the model checker can schedule the consumer.)
+#[inline]
+fn wait_for_slot(spins: u32) {
+    #[cfg(loom)]
+    {
+        let _ = spins;
+        loom::thread::yield_now();
+    }
+    #[cfg(not(loom))]
+    if spins < SPINS_BEFORE_YIELD {
+        std::hint::spin_loop();
+    } else {
+        std::thread::yield_now();
     }
 }
 
@@ -1144,5 +1163,73 @@ mod tests {
         assert_eq!(pool.outstanding(), pool.count());
         pool.put_many(&all).unwrap();
         assert_eq!(pool.available(), pool.count());
+    }
+}
+
+/// Model checking of the pool's MPMC ring with loom: every interleaving (up to loom's
+/// preemption bound) of concurrent batch pops and pushes, checking that no index is lost or
+/// handed out twice. Run: `tools/loom.sh` (`RUSTFLAGS="--cfg loom" cargo test --release -p
+/// dataplane --lib loom`).
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::Ring;
+    use loom::sync::Arc;
+    use loom::thread;
+
+    /// Drains `ring` and returns what it held, sorted.
+    fn drain(ring: &Ring) -> Vec<u32> {
+        let mut all = Vec::new();
+        let mut out = [0u32; 8];
+        loop {
+            let n = ring.pop_many(&mut out);
+            if n == 0 {
+                break;
+            }
+            all.extend_from_slice(&out[..n]);
+        }
+        all.sort_unstable();
+        all
+    }
+
+    #[test]
+    fn loom_two_consumers_returning_buffers_lose_and_duplicate_nothing() {
+        loom::model(|| {
+            let ring = Arc::new(Ring::new_full(2));
+            let workers: Vec<_> = (0..2)
+                .map(|_| {
+                    let r = ring.clone();
+                    thread::spawn(move || {
+                        let mut got = [0u32; 1];
+                        if r.pop_many(&mut got) == 1 {
+                            r.push_many(&got);
+                        }
+                    })
+                })
+                .collect();
+            for w in workers {
+                w.join().unwrap();
+            }
+            assert_eq!(drain(&ring), [0, 1]);
+        });
+    }
+
+    #[test]
+    fn loom_batch_claims_race_a_batch_push() {
+        loom::model(|| {
+            // Capacity 4 holding 3: one thread takes a batch of 2 and gives it back while the
+            // other takes up to 2; what the second keeps is returned after the join.
+            let ring = Arc::new(Ring::new_full(3));
+            let r = ring.clone();
+            let a = thread::spawn(move || {
+                let mut got = [0u32; 2];
+                let n = r.pop_many(&mut got);
+                r.push_many(&got[..n]);
+            });
+            let mut kept = [0u32; 2];
+            let n = ring.pop_many(&mut kept);
+            a.join().unwrap();
+            ring.push_many(&kept[..n]);
+            assert_eq!(drain(&ring), [0, 1, 2]);
+        });
     }
 }
