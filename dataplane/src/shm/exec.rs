@@ -284,21 +284,39 @@ fn deliver(
     let reliable = st.qp_type == QpType::Rc;
     // Tag matching: a matched message lands headerless in its tagged buffer; anything else
     // continues below into a plain SRQ buffer, whole.
-    let mut tm_flags = WcFlags::empty();
     let mut tm_view = None;
     if let Some(tm) = d.srq.and_then(|s| s.tm).filter(|_| place_data) {
         match tm_match(f, st, rx, d, &tm, src, total, wr.flags.contains(SendFlags::SOLICITED)) {
             TmOutcome::Matched => return Outcome::Done(WcStatus::Success, 0),
-            TmOutcome::Unexpected => {
-                tm_flags = WcFlags::TM_SYNC_REQ;
-                tm_view = Some(tm);
-            }
+            TmOutcome::Unexpected => tm_view = Some(tm),
             TmOutcome::NoTag => {}
         }
     }
     if !take_recv(f, d, rx) {
         return if reliable { Outcome::Block(BlockKind::Rnr) } else { Outcome::Done(WcStatus::Success, 0) };
     }
+    Outcome::Done(deliver_taken(f, st, rx, d, wr, src, total, grh, place_data, tm_view.as_ref()), 0)
+}
+
+/// The part of [`deliver`] after the receive request `rx` was taken: checks its buffers,
+/// places the message, writes the receiver's completion (an error one if the buffers do not
+/// fit) and returns the sender's status. `tm_view`: the tag-matching SRQ when the message is
+/// an unexpected tagged one.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn deliver_taken(
+    f: &Fabric,
+    st: Sender,
+    rx: &RecvEntry,
+    d: &DestView,
+    wr: &SendWr,
+    src: &[Seg],
+    total: u64,
+    grh: &Option<Option<[u8; GRH_LEN]>>,
+    place_data: bool,
+    tm_view: Option<&super::tm::TmView>,
+) -> WcStatus {
+    let reliable = st.qp_type == QpType::Rc;
     let mut wc = WorkCompletion {
         wr_id: rx.wr_id,
         opcode: if wr.opcode == WrOpcode::RdmaWriteWithImm { WcOpcode::RecvRdmaWithImm } else { WcOpcode::Recv },
@@ -316,8 +334,8 @@ fn deliver(
     }
     if let Some(tm) = tm_view {
         tm.count_unexpected(f);
+        wc.wc_flags |= WcFlags::TM_SYNC_REQ;
     }
-    wc.wc_flags |= tm_flags;
     // Requests from an SRQ are checked against the SRQ's PD, which may differ from the QP's.
     let pd = d.srq.map_or(d.pd, |s| s.pd);
     // Nearly every receive request has one SGE: resolve it into a one-segment array rather
@@ -335,12 +353,16 @@ fn deliver(
     }
     push_recv_wc(f, d, &wc, wr.flags.contains(SendFlags::SOLICITED));
     match status {
-        Ok(()) => Outcome::Done(WcStatus::Success, 0),
+        Ok(()) => WcStatus::Success,
         Err((_, remote)) => {
             if d.qp_type != QpType::Ud {
                 to_error(f, d.idx, d.qpn);
             }
-            Outcome::Done(if reliable { remote } else { WcStatus::Success }, 0)
+            if reliable {
+                remote
+            } else {
+                WcStatus::Success
+            }
         }
     }
 }
@@ -705,6 +727,11 @@ pub(crate) fn post_send(f: &Fabric, st: &mut SqState, chain: &SendChain) -> std:
     for (i, wr) in chain.wrs().iter().enumerate() {
         let sges = chain.sges_of(wr);
         let inline = chain.inline_of(wr);
+        if let ([sge], None) = (sges, inline) {
+            if post_fast(f, st, wr, sge, &mut state, &mut retired) {
+                continue;
+            }
+        }
         // Most WRs have one SGE (or inline bytes, one segment): their segments fit an array
         // of one, which costs nothing to initialise, unlike room for MAX_SGE.
         if sges.len() <= 1 {
@@ -714,6 +741,133 @@ pub(crate) fn post_send(f: &Fabric, st: &mut SqState, chain: &SendChain) -> std:
         }
     }
     Ok(())
+}
+
+/// The fast path: runs WR `wr` (one SGE, not inline) if it is the common case, an RC or UC
+/// SEND, SEND_WITH_IMM or RDMA_WRITE from an RTS queue with nothing pending, to a ready peer
+/// with its own RQ; returns false, having changed nothing, for anything else, which then
+/// takes the general path (`post_one`, which also reports every error).
+///
+/// Every check the general path makes runs here too, in the same order of effect: the WR
+/// checks of `prepare` (the opcode is allowed on RC and UC, no INLINE or IP_CSUM, one SGE
+/// within `max_send_sge`, at most 2^31 bytes, the lkey is an MR of our PD covering the
+/// bytes), the queue space, the destination checks of `exec_wr`, then the rkey checks of an
+/// RDMA WRITE. Only then does anything happen. A SEND's point of no return is taking the
+/// receive request: with none posted it returns false (RNR or a UC drop, decided by the
+/// general path); a request that is not one SGE, or whose buffer does not fit or fails its
+/// checks, is finished by the general code ([`deliver_taken`]), so the receiver sees the
+/// same completion either way.
+#[inline(always)]
+fn post_fast(f: &Fabric, st: &mut SqState, wr: &SendWr, sge: &Sge, state: &mut QpState, retired: &mut u32) -> bool {
+    let op = wr.opcode;
+    let is_send = matches!(op, WrOpcode::Send | WrOpcode::SendWithImm);
+    if !(is_send || op == WrOpcode::RdmaWrite)
+        || st.qp_type == QpType::Ud
+        || *state != QpState::Rts
+        || !st.pending.is_empty()
+        || st.max_sge == 0
+        || wr.flags.intersects(SendFlags::INLINE | SendFlags::IP_CSUM)
+        || sge.length > 1 << 31
+    {
+        return false;
+    }
+    let len = sge.length as usize;
+    let Some(src) = mr_lookup(f, sge.lkey)
+        .filter(|m| !m.window && m.pd == st.pd)
+        .and_then(|m| m.translate(f, sge.addr, sge.length as u64))
+    else {
+        return false;
+    };
+    if st.posted.wrapping_sub(*retired) >= st.depth {
+        *retired = st.slot().sq_retired.load(Ordering::Acquire);
+        if st.posted.wrapping_sub(*retired) >= st.depth {
+            return false;
+        }
+    }
+    let sender = Sender::of(st);
+    let Some(d) = dest(f, &mut st.dest, st.dest_qpn) else { return false };
+    let ds = f.qp_slot(d.idx);
+    let ready = QpState::from_u8(ds.state.load(Ordering::Acquire) as u8).is_some_and(QpState::receives);
+    if !ready || ds.dest_qpn.load(Ordering::Relaxed) != st.qpn || d.qp_type != st.qp_type {
+        return false;
+    }
+    let status = if is_send {
+        let Some(rq) = &d.rq else { return false };
+        if !recvq::pop(rq, &mut st.rx) {
+            return false;
+        }
+        if st.rx.n == 1 && place_one(f, d, &st.rx.sges[0], src, len) {
+            let imm = op == WrOpcode::SendWithImm;
+            let wc = WorkCompletion {
+                wr_id: st.rx.wr_id,
+                opcode: WcOpcode::Recv,
+                byte_len: len as u32,
+                imm_data: if imm { wr.imm_data } else { 0 },
+                wc_flags: if imm { WcFlags::WITH_IMM } else { WcFlags::empty() },
+                qp_num: d.qpn,
+                src_qp: sender.qpn,
+                slid: sender.lid,
+                ..Default::default()
+            };
+            push_recv_wc(f, d, &wc, wr.flags.contains(SendFlags::SOLICITED));
+            WcStatus::Success
+        } else {
+            deliver_taken_cold(f, sender, &st.rx, d, wr, src, len)
+        }
+    } else {
+        let Some(dst) = remote_mr(f, d, wr, AccessFlags::REMOTE_WRITE)
+            .and_then(|m| m.translate(f, wr.remote_addr, sge.length as u64))
+        else {
+            return false;
+        };
+        // SAFETY: `src` was checked against our MR and `dst` against the peer's, both for
+        // `len` bytes inside the fabric; `copy_one` tolerates overlap.
+        unsafe { copy_one(src, dst, len) };
+        WcStatus::Success
+    };
+    let wqe = st.posted;
+    st.posted = st.posted.wrapping_add(1);
+    finish(f, st, wr, wqe, status, 0);
+    if status != WcStatus::Success {
+        *state = QpState::Error;
+    }
+    true
+}
+
+/// Places `len` bytes from `src` into the one-SGE receive request `r` of `d`, if its lkey
+/// names an MR (not a window) of the receiver's PD with LOCAL_WRITE whose range holds the
+/// SGE, and the SGE holds the message. False, with nothing written, otherwise.
+#[inline(always)]
+fn place_one(f: &Fabric, d: &DestView, r: &Sge, src: *mut u8, len: usize) -> bool {
+    let cap = recv_sge_len(r);
+    let dst = mr_lookup(f, r.lkey)
+        .filter(|m| !m.window && m.pd == d.pd && m.access.contains(AccessFlags::LOCAL_WRITE))
+        .and_then(|m| m.translate(f, r.addr, cap));
+    match dst {
+        Some(dst) if len as u64 <= cap => {
+            // SAFETY: `src` was checked for `len` bytes against the sender's MR, `dst` for
+            // `cap >= len` bytes against the receiver's; `copy_one` tolerates overlap.
+            unsafe { copy_one(src, dst, len) };
+            true
+        }
+        _ => false,
+    }
+}
+
+/// The fast path's receive request was not one SGE or did not pass `place_one`: the
+/// general delivery finishes it (a multi-SGE scatter, or the error completions).
+#[cold]
+#[inline(never)]
+fn deliver_taken_cold(
+    f: &Fabric,
+    st: Sender,
+    rx: &RecvEntry,
+    d: &DestView,
+    wr: &SendWr,
+    src: *mut u8,
+    len: usize,
+) -> WcStatus {
+    deliver_taken(f, st, rx, d, wr, &[Seg { ptr: src, len }], len as u64, &None, true, None)
 }
 
 /// `post_one` for a WR with several SGEs, out of line to keep the common loop small.
