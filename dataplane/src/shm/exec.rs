@@ -11,7 +11,7 @@
 //! Every address and length that comes from shared memory (a peer's receive request, an rkey)
 //! is checked against the MR table and the fabric bounds before a byte moves.
 
-use super::cq::{push_cqe, Cqe};
+use super::cq::{has_channel, push_cqe_to, Cqe};
 use super::fabric::{atomic_u64_at, pid_alive, Fabric};
 use super::layout::*;
 use super::mr::mr_lookup;
@@ -66,6 +66,8 @@ pub(crate) struct DestView {
     srq: Option<SrqView>,
     cq: Ring,
     cqn: u32,
+    /// Whether the receive CQ has a completion channel (`cq::has_channel`).
+    cq_channel: bool,
     /// Our cached view of the receive CQ's consumer position (`cq::push_cqe`).
     cq_head: std::cell::Cell<u64>,
 }
@@ -122,6 +124,7 @@ fn resolve_dest(f: &Fabric, qpn: u32) -> Option<DestView> {
         srq,
         cq,
         cqn,
+        cq_channel: has_channel(f, cqn),
         cq_head: std::cell::Cell::new(0),
     };
     (s.qpn.load(Ordering::Acquire) == qpn).then_some(v)
@@ -252,7 +255,7 @@ fn take_recv(f: &Fabric, d: &DestView, rx: &mut RecvEntry) -> bool {
 #[inline]
 fn push_recv_wc(f: &Fabric, d: &DestView, wc: &WorkCompletion, solicited: bool) {
     let mut seen = d.cq_head.get();
-    push_cqe(f, &d.cq, &mut seen, d.cqn, &Cqe { wc: *wc, retire: None, solicited });
+    push_cqe_to(f, &d.cq, &mut seen, d.cqn, d.cq_channel, &Cqe { wc: *wc, retire: None, solicited });
     d.cq_head.set(seen);
 }
 
