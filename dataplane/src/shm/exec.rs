@@ -787,7 +787,6 @@ fn post_fast(f: &Fabric, st: &mut SqState, wr: &SendWr, sge: &Sge, state: &mut Q
             return false;
         }
     }
-    let sender = Sender::of(st);
     let Some(d) = dest(f, &mut st.dest, st.dest_qpn) else { return false };
     let ds = f.qp_slot(d.idx);
     let ready = QpState::from_u8(ds.state.load(Ordering::Acquire) as u8).is_some_and(QpState::receives);
@@ -816,13 +815,14 @@ fn post_fast(f: &Fabric, st: &mut SqState, wr: &SendWr, sge: &Sge, state: &mut Q
                 imm_data: if imm { wr.imm_data } else { 0 },
                 wc_flags: if imm { WcFlags::WITH_IMM } else { WcFlags::empty() },
                 qp_num: d.qpn,
-                src_qp: sender.qpn,
-                slid: sender.lid,
+                src_qp: st.qpn,
+                slid: st.lid,
                 ..Default::default()
             };
             push_recv_wc(f, d, &wc, wr.flags.contains(SendFlags::SOLICITED));
             WcStatus::Success
         } else {
+            let sender = Sender { qp_type: st.qp_type, qpn: st.qpn, lid: st.lid };
             deliver_taken_cold(f, sender, &st.rx, d, wr, src, len)
         }
     } else {
