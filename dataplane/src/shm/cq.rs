@@ -46,13 +46,17 @@ impl Cqe {
         }
     }
 
-    fn read(p: *const u8) -> Cqe {
+    /// Decodes the CQE in cell payload `p` straight into the caller's `wc` (no intermediate
+    /// copy: `poll` writes into the array the application passed) and returns the send WQE
+    /// it retires, if any.
+    #[inline(always)]
+    fn read_into(p: *const u8, wc: &mut WorkCompletion) -> Option<u32> {
         // SAFETY: `p` is a CQ cell payload of 56 bytes; every read is inside. Values come from
         // a possibly hostile peer and are decoded defensively (unknown status = GeneralErr).
         unsafe {
             let status = WcStatus::from_u8(p.add(34).read());
             let opcode = WcOpcode::from_u8(p.add(35).read());
-            let wc = WorkCompletion {
+            *wc = WorkCompletion {
                 wr_id: (p as *const u64).read_unaligned(),
                 byte_len: (p.add(8) as *const u32).read_unaligned(),
                 imm_data: (p.add(12) as *const u32).read_unaligned(),
@@ -67,8 +71,7 @@ impl Cqe {
                 pkey_index: (p.add(38) as *const u16).read_unaligned(),
                 vendor_err: (p.add(40) as *const u32).read_unaligned(),
             };
-            let retire = (p.add(44).read() != 0).then(|| (p.add(24) as *const u32).read_unaligned());
-            Cqe { wc, retire, solicited: false }
+            (p.add(44).read() != 0).then(|| (p.add(24) as *const u32).read_unaligned())
         }
     }
 }
@@ -81,6 +84,8 @@ pub(crate) struct CqShared {
     pub(crate) ring: Ring,
     ring_off: u64,
     ring_len: u64,
+    /// Whether the CQ has a completion channel (see [`has_channel`]).
+    pub(crate) has_channel: bool,
     /// Keeps the completion channel alive while the CQ may signal it.
     _channel: Option<Arc<super::channel::ChannelInner>>,
 }
@@ -117,12 +122,25 @@ impl Drop for CqShared {
 /// (flush, tag-matching ops) passes a fresh 0, which costs one read of the head.
 #[inline]
 pub(crate) fn push_cqe(f: &Fabric, ring: &Ring, head_seen: &mut u64, cqn: u32, cqe: &Cqe) {
+    push_cqe_to(f, ring, head_seen, cqn, has_channel(f, cqn), cqe);
+}
+
+/// Whether CQ `cqn` has a completion channel. Fixed from its creation (set before the CQ
+/// number is published, never changed while the CQ exists), so producers that hold a CQ for
+/// long (a QP's send CQ, a sender's cached destination) look it up once.
+pub(crate) fn has_channel(f: &Fabric, cqn: u32) -> bool {
+    let idx = key_index(cqn, CQ_IDX_BITS);
+    idx < MAX_CQ && f.cq_slot(idx).chan_off.load(Ordering::Relaxed) != 0
+}
+
+/// [`push_cqe`] with the CQ's [`has_channel`] known to the caller.
+#[inline]
+pub(crate) fn push_cqe_to(f: &Fabric, ring: &Ring, head_seen: &mut u64, cqn: u32, channel: bool, cqe: &Cqe) {
     if ring.push_tracked(head_seen, |p| cqe.write(p)) {
-        let idx = key_index(cqn, CQ_IDX_BITS);
         // Only a CQ with a completion channel can signal: busy-polled CQs (no channel) skip
-        // the fence below.
-        if idx < MAX_CQ && f.cq_slot(idx).chan_off.load(Ordering::Relaxed) != 0 {
-            signal_if_armed(f, idx, cqn, cqe.solicited || cqe.wc.status != WcStatus::Success);
+        // the fence in `signal_if_armed`.
+        if channel {
+            signal_if_armed(f, cqn, cqe.solicited || cqe.wc.status != WcStatus::Success);
         }
     } else {
         overrun(f, cqn);
@@ -132,7 +150,11 @@ pub(crate) fn push_cqe(f: &Fabric, ring: &Ring, head_seen: &mut u64, cqn: u32, c
 /// After a push into a CQ with a channel: notifies it if armed for this CQE (`urgent`: the
 /// CQE is solicited or an error, which also wakes a solicited-only arming).
 #[inline(never)]
-fn signal_if_armed(f: &Fabric, idx: usize, cqn: u32, urgent: bool) {
+fn signal_if_armed(f: &Fabric, cqn: u32, urgent: bool) {
+    let idx = key_index(cqn, CQ_IDX_BITS);
+    if idx >= MAX_CQ {
+        return;
+    }
     // Pairs with the fence in `req_notify`: either the poller's re-poll sees this CQE or we
     // see its arming.
     std::sync::atomic::fence(Ordering::SeqCst);
@@ -250,6 +272,7 @@ impl ShmCq {
                 ring,
                 ring_off,
                 ring_len,
+                has_channel: channel.is_some(),
                 _channel: channel.map(|c| c.inner.clone()),
             }),
         })
@@ -278,16 +301,15 @@ impl crate::provider::Cq for ShmCq {
         super::qp::progress_waiting();
         let f = sh.fabric();
         let mut n = 0;
-        while n < wc.len() {
-            let mut cqe = Cqe::default();
-            match sh.ring.pop_single_tracked(|p| cqe = Cqe::read(p)) {
+        while let Some(out) = wc.get_mut(n) {
+            let mut retire = None;
+            match sh.ring.pop_single_tracked(|p| retire = Cqe::read_into(p, out)) {
                 // (`pop_single_tracked` never stalls: it does not loop.)
                 Pop::Empty | Pop::Stalled => break,
                 Pop::Item => {
-                    if let Some(i) = cqe.retire {
-                        super::qp::retire(f, cqe.wc.qp_num, i);
+                    if let Some(i) = retire {
+                        super::qp::retire(f, out.qp_num, i);
                     }
-                    wc[n] = cqe.wc;
                     n += 1;
                 }
             }

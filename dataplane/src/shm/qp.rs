@@ -5,7 +5,7 @@
 //! a WQE occupies its slot from `post_send` until a completion of it (or of a later WQE of the
 //! same QP) is polled, so selective signaling fills the queue exactly as on a real NIC.
 
-use super::cq::{cq_ring, push_cqe, CqShared, Cqe};
+use super::cq::{cq_ring, push_cqe, push_cqe_to, CqShared, Cqe};
 use super::exec::{Blocked, Seg};
 use super::fabric::Fabric;
 use super::layout::*;
@@ -161,7 +161,7 @@ impl SqState {
     }
 
     /// Pushes a completion for send WQE `wqe` into our send CQ.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn complete(&self, wr: &SendWr, wqe: u32, status: WcStatus, byte_len: u32) {
         let cqe = Cqe {
             wc: WorkCompletion {
@@ -176,7 +176,8 @@ impl SqState {
             solicited: false,
         };
         let mut seen = self.send_cq_head.get();
-        push_cqe(self.fabric(), &self.send_cq.ring, &mut seen, self.send_cq.cqn, &cqe);
+        let cq = &*self.send_cq;
+        push_cqe_to(self.fabric(), &cq.ring, &mut seen, cq.cqn, cq.has_channel, &cqe);
         self.send_cq_head.set(seen);
     }
 

@@ -58,47 +58,81 @@ fn validate_with(
         return Err(PostError::new(Errno::EINVAL, i, "more SGEs than the queue's max_sge"));
     }
     for s in sges {
-        let mr = match *last {
-            Some((key, mr)) if key == s.lkey => mr,
-            _ => {
-                let Some(mr) = mr_lookup(f, s.lkey).filter(|m| !m.window) else {
-                    return Err(PostError::new(Errno::EINVAL, i, "unknown lkey"));
-                };
-                if mr.pd != pd {
-                    return Err(PostError::new(Errno::EINVAL, i, "lkey belongs to another protection domain"));
-                }
-                if !mr.access.contains(AccessFlags::LOCAL_WRITE) {
-                    return Err(PostError::new(Errno::EINVAL, i, "receive buffer MR lacks LOCAL_WRITE"));
-                }
-                *last = Some((s.lkey, mr));
-                mr
-            }
-        };
-        if mr.translate(f, s.addr, recv_sge_len(s)).is_none() {
-            // Length 0 is the special 2^31; say so, since a caller who meant "no bytes" would
-            // otherwise look for a wrong address.
-            let why = if s.length == 0 {
-                "SGE outside its memory region (its length 0 was read as 2^31 bytes, as verbs define it for receives)"
-            } else {
-                "SGE outside its memory region"
+        validate_sge(f, pd, s, i, last)?;
+    }
+    Ok(())
+}
+
+/// The per-SGE part of [`validate_with`].
+#[inline(always)]
+fn validate_sge(f: &Fabric, pd: u32, s: &Sge, i: usize, last: &mut Option<(u32, MrView)>) -> Result<(), PostError> {
+    let mr = match *last {
+        Some((key, mr)) if key == s.lkey => mr,
+        _ => {
+            let Some(mr) = mr_lookup(f, s.lkey).filter(|m| !m.window) else {
+                return Err(PostError::new(Errno::EINVAL, i, "unknown lkey"));
             };
-            return Err(PostError::new(Errno::EINVAL, i, why));
+            if mr.pd != pd {
+                return Err(PostError::new(Errno::EINVAL, i, "lkey belongs to another protection domain"));
+            }
+            if !mr.access.contains(AccessFlags::LOCAL_WRITE) {
+                return Err(PostError::new(Errno::EINVAL, i, "receive buffer MR lacks LOCAL_WRITE"));
+            }
+            *last = Some((s.lkey, mr));
+            mr
         }
+    };
+    if mr.translate(f, s.addr, recv_sge_len(s)).is_none() {
+        // Length 0 is the special 2^31; say so, since a caller who meant "no bytes" would
+        // otherwise look for a wrong address.
+        let why = if s.length == 0 {
+            "SGE outside its memory region (its length 0 was read as 2^31 bytes, as verbs define it for receives)"
+        } else {
+            "SGE outside its memory region"
+        };
+        return Err(PostError::new(Errno::EINVAL, i, why));
     }
     Ok(())
 }
 
 /// Validates and pushes every request of `chain`; stops at the first failure. The caller is
 /// the ring's only producer (the owning QP's or SRQ's `post_recv`, which takes `&mut self`).
+///
+/// Requests of one SGE (nearly all) take a straight-line version of the same checks and a
+/// push that writes one SGE without the loops.
 pub(crate) fn post(f: &Fabric, ring: &Ring, pd: u32, max_sge: u32, chain: &RecvChain) -> Result<(), PostError> {
     let mut last = None;
     for (i, (wr, sges)) in chain.iter().enumerate() {
-        validate_with(f, pd, max_sge, sges, i, &mut last)?;
-        if !push(ring, wr.wr_id, sges) {
+        let pushed = if let ([s], 1..) = (sges, max_sge) {
+            validate_sge(f, pd, s, i, &mut last)?;
+            push_one(ring, wr.wr_id, s)
+        } else {
+            validate_with(f, pd, max_sge, sges, i, &mut last)?;
+            push(ring, wr.wr_id, sges)
+        };
+        if !pushed {
             return Err(PostError::new(Errno::ENOMEM, i, "receive queue full"));
         }
     }
     Ok(())
+}
+
+/// [`push`] for a request of one SGE.
+#[inline(always)]
+fn push_one(ring: &Ring, wr_id: u64, s: &Sge) -> bool {
+    debug_assert!(RECV_HDR_LEN + RECV_SGE_LEN <= ring.payload_len());
+    ring.push_single(|p| {
+        // SAFETY: the cell payload holds the header and max_sge >= 1 SGEs (checked by the
+        // caller).
+        unsafe {
+            (p as *mut u64).write_unaligned(wr_id);
+            (p.add(8) as *mut u32).write_unaligned(1);
+            let q = p.add(RECV_HDR_LEN);
+            (q as *mut u64).write_unaligned(s.addr);
+            (q.add(8) as *mut u32).write_unaligned(s.length);
+            (q.add(12) as *mut u32).write_unaligned(s.lkey);
+        }
+    })
 }
 
 /// Pushes one request (already validated). False if the ring is full.

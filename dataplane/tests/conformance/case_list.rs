@@ -50,6 +50,8 @@ suite!(ShmHarness;
     recv_sge_length_zero_is_2g,
     srq_zero_sge_request_takes_only_empty_message,
     srq_mr_deregistered_while_outstanding,
+    rq_mr_deregistered_while_outstanding,
+    send_one_sge_into_two_sge_recv,
     ud_over_srq_data_at_40,
     rnr_then_success,
     rnr_retry_exhausted_flushes_rest,

@@ -1268,6 +1268,46 @@ pub fn srq_mr_deregistered_while_outstanding<H: Harness>(t: &str) {
     assert_eq!(s.b.read(RX, 16), [0u8; 16], "nothing written through a deregistered MR");
 }
 
+/// The same rule for a QP's own RQ (srq notes: "When processing a WR, if one of the MRs that
+/// are specified in the WR isn't valid, a Work Completion with error will be generated"): an
+/// 8-byte SEND whose one-SGE receive lost its MR after posting completes with an error on
+/// both sides and writes nothing. On `shm` this is the fast path's fallback after it took the
+/// receive request.
+pub fn rq_mr_deregistered_while_outstanding<H: Harness>(t: &str) {
+    let mut p = rc_pair::<H>(t);
+    let mr2 = p.b.pd.reg_mr(&p.b.region, RX, 4096, AccessFlags::LOCAL_WRITE).unwrap();
+    p.qb.post_recv(&RecvChain::one(1, &[Sge::new(mr2.addr(), 64, mr2.lkey())])).unwrap();
+    drop(mr2);
+    p.a.write(0, &[0xab; 8]);
+    send(&mut p.qa, &p.a, 1, 0, 8);
+    let w = poll_one(&mut p.a.scq);
+    assert_eq!(w.wr_id, 1);
+    assert_ne!(w.status, WcStatus::Success, "the sender must not see success");
+    let r = poll_one(&mut p.b.rcq);
+    assert_eq!(r.wr_id, 1);
+    assert_ne!(r.status, WcStatus::Success);
+    assert_eq!(p.b.read(RX, 8), [0u8; 8], "nothing written through a deregistered MR");
+}
+
+/// ibv_post_recv(3) (the message is scattered over the request's SGEs in order): one 8-byte
+/// SGE sent into a receive of two 4-byte SGEs fills both, and nothing around them. On `shm`
+/// a one-SGE SEND takes the fast path, which hands a multi-SGE receive to the general scatter.
+pub fn send_one_sge_into_two_sge_recv<H: Harness>(t: &str) {
+    let mut p = rc_pair::<H>(t);
+    let msg = pattern(9, 8);
+    p.a.write(0, &msg);
+    p.b.region.fill(RX, 4096, 0xcc);
+    p.qb.post_recv(&RecvChain::one(1, &[p.b.sge(RX + 100, 4), p.b.sge(RX + 200, 4)])).unwrap();
+    send(&mut p.qa, &p.a, 1, 0, 8);
+    let r = poll_one(&mut p.b.rcq);
+    assert_eq!((r.wr_id, r.status, r.byte_len, r.opcode), (1, WcStatus::Success, 8, WcOpcode::Recv));
+    assert_eq!(poll_one(&mut p.a.scq).status, WcStatus::Success);
+    assert_eq!(p.b.read(RX + 100, 4), msg[..4]);
+    assert_eq!(p.b.read(RX + 200, 4), msg[4..]);
+    assert_eq!(p.b.read(RX + 104, 4), [0xcc; 4], "canary after the first receive SGE");
+    assert_eq!(p.b.read(RX + 204, 4), [0xcc; 4], "canary after the second receive SGE");
+}
+
 /// ibv_post_srq_recv(3): "If a WR is being posted to a UD QP, the Global Routing Header (GRH) of
 /// the incoming message will be placed in the first 40 bytes of the buffer(s)" — for UD QPs
 /// taking their receives from an SRQ too.
