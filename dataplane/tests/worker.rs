@@ -1,6 +1,6 @@
 //! Worker behaviour outside the hot path: a failed pin is an error (and stops the pipeline);
 //! a worker run on its own thread until stopped returns every buffer; a send chain the QP
-//! refuses returns its buffers and send-queue room.
+//! refuses returns its buffers and send-queue room; the pipeline clock counts from its base.
 
 use dataplane::mem::{BufferPool, HugePolicy};
 use dataplane::pipeline::{
@@ -189,4 +189,18 @@ fn a_refused_chain_returns_its_buffers_and_room() {
     assert_eq!(w.tx_msgs.get(), 0);
     drop(cache);
     assert_eq!(pool.outstanding(), 0, "every buffer is back in the pool");
+}
+
+/// The pipeline clock (read straight from CLOCK_MONOTONIC) counts nanoseconds from its
+/// creation, as `Instant` does, and never goes back.
+#[test]
+fn the_clock_counts_nanoseconds_since_its_base() {
+    let (clock, start) = (Clock::new(), std::time::Instant::now());
+    let t0 = clock.now_ns();
+    std::thread::sleep(Duration::from_millis(20));
+    let t1 = clock.now_ns();
+    let real = start.elapsed().as_nanos() as u64;
+    assert!(t1 >= t0 + 20_000_000, "20 ms slept: {t0} -> {t1}");
+    // Both read CLOCK_MONOTONIC; the clock was created just before `start`.
+    assert!(t1 <= real + 1_000_000, "the clock ({t1} ns) does not run ahead of Instant ({real} ns)");
 }
