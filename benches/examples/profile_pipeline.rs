@@ -20,8 +20,11 @@ use std::sync::Arc;
 /// Message size of the unpaced source (the 16 B pipeline row).
 const MSG_SIZE: usize = 16;
 
-/// A worker with the config schema's defaults (`config/src/schema.rs`), unpinned.
-fn worker(name: &str, ctx: &Arc<<Shm as Provider>::Context>, pd: &<Shm as Provider>::Pd, ctl: &Arc<Control>, clock: Clock) -> Worker<Shm> {
+type Ctx = Arc<<Shm as Provider>::Context>;
+
+/// A worker with the config schema's defaults (`config/src/schema.rs`), unpinned, and the
+/// registration of its pool (which must outlive it).
+fn worker(name: &str, ctx: &Ctx, pd: &<Shm as Provider>::Pd, ctl: &Arc<Control>, clock: Clock) -> Worked {
     let (size, count) = (2048usize, 16384usize);
     let region = ctx.alloc_region(size * count + 64).expect("region");
     let mr = pd.reg_mr(&region, 0, size * count + 64, AccessFlags::LOCAL_WRITE).expect("reg_mr");
@@ -40,11 +43,12 @@ fn worker(name: &str, ctx: &Arc<<Shm as Provider>::Context>, pd: &<Shm as Provid
         spin_count: 1000,
         cache_size: 256,
     };
-    // The MR must outlive the worker: leak it (one per run of this example).
-    let lkey = mr.lkey();
-    std::mem::forget(mr);
-    Worker::<Shm>::new(params, ctx.clone(), pd, pool, lkey, ctl.clone(), clock).expect("worker")
+    let w = Worker::<Shm>::new(params, ctx.clone(), pd, pool, mr.lkey(), ctl.clone(), clock).expect("worker");
+    (w, mr)
 }
+
+/// A worker and the MR of its pool.
+type Worked = (Worker<Shm>, <Shm as Provider>::Mr);
 
 fn main() {
     let messages: u64 = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(100_000);
@@ -53,8 +57,8 @@ fn main() {
     let pd = ctx.alloc_pd().expect("pd");
     let ctl = Arc::new(Control::new());
     let clock = Clock::new();
-    let mut client = worker("client", &ctx, &pd, &ctl, clock);
-    let mut server = worker("server", &ctx, &pd, &ctl, clock);
+    let (mut client, _client_mr) = worker("client", &ctx, &pd, &ctl, clock);
+    let (mut server, _server_mr) = worker("server", &ctx, &pd, &ctl, clock);
     let qp = |n: &str| QpParams { name: n.into(), min_rnr_timer: 1, max_inline: 64, ..QpParams::default() };
     let c = client.add_qp(&pd, qp("client-qp")).expect("qp");
     let s = server.add_qp(&pd, qp("server-qp")).expect("qp");

@@ -165,14 +165,7 @@ fn a_refused_chain_returns_its_buffers_and_room() {
     let pool = BufferPool::from_region(Arc::new(region), off, size, count).unwrap();
     let cq = ctx.create_cq(64).unwrap();
     let cap = QpCaps { max_send_wr: 16, max_recv_wr: 16, ..Default::default() };
-    let attr = QpInitAttr::<Shm> {
-        send_cq: &cq,
-        recv_cq: &cq,
-        srq: None,
-        cap,
-        qp_type: QpType::Rc,
-        sq_sig_all: false,
-    };
+    let attr = QpInitAttr::<Shm> { send_cq: &cq, recv_cq: &cq, srq: None, cap, qp_type: QpType::Rc, sq_sig_all: false };
     let mut qp = pd.create_qp(&attr).unwrap();
     qp.modify(&QpAttr { state: QpState::Init, ..Default::default() }).unwrap();
     let mut cache = pool.cache(16);
