@@ -1,5 +1,6 @@
 //! One iteration of the busy-poll loop.
 
+use super::stats::{LatencyBuckets, StageCounters};
 use super::{StageSlot, Worker};
 use crate::mem::{BufferPool, PoolCache};
 use crate::pipeline::{Clock, Handler, LocalQueue, Msg, StageCx, Target};
@@ -53,6 +54,10 @@ impl<P: Provider> Worker<P> {
             // Summed over the burst and added once: a counter update is a load and a store to
             // memory another process may map, not worth doing per message.
             let (mut rx_msgs, mut rx_bytes) = (0u64, 0u64);
+            // The stage handling the current run of receives and its context, built once per
+            // run rather than once per message (a burst usually feeds one stage).
+            let (stages, cache, queue) = (&mut self.stages, &mut self.cache, &mut self.queue);
+            let mut cur: Option<(u16, &mut dyn Handler, StageCx<'_>)> = None;
             for i in 0..n {
                 let wc = self.wc[i];
                 let Some(buf) = self.srq.take(wc.wr_id) else {
@@ -72,11 +77,16 @@ impl<P: Provider> Worker<P> {
                         rx_bytes += u64::from(len);
                         self.batches[q].stats.rx_msgs.add(1);
                         self.batches[q].stats.rx_bytes.add(u64::from(len));
-                        let st = &mut self.stages[s as usize];
-                        st.stats.msgs_in.add(1);
-                        st.stats.bytes_in.add(u64::from(len));
                         let m = Msg { buf, off, len, qp: q as u16 };
-                        env.on_message(st, m, &mut self.cache, &mut self.queue);
+                        if !matches!(cur, Some((c, ..)) if c == s) {
+                            let StageSlot { handler, outputs, stats: counters, latency, .. } = &mut stages[s as usize];
+                            let cx = env.cx(outputs, counters, latency.as_deref(), 0, cache, queue);
+                            cur = Some((s, &mut **handler, cx));
+                        }
+                        let Some((_, handler, cx)) = &mut cur else { unreachable!("set above") };
+                        cx.stats.msgs_in.add(1);
+                        cx.stats.bytes_in.add(u64::from(len));
+                        handler.on_message(m, cx);
                     }
                     (status, q, _) => {
                         if status != WcStatus::WrFlushErr {
@@ -85,7 +95,9 @@ impl<P: Provider> Worker<P> {
                                 self.batches[q].stats.errors.add(1);
                             }
                         }
-                        let _ = self.cache.put(buf);
+                        // The context holds the cache: end it (a rare path).
+                        cur = None;
+                        let _ = cache.put(buf);
                     }
                 }
             }
@@ -177,9 +189,37 @@ struct StageEnv<'a> {
     max_len: u32,
 }
 
-impl StageEnv<'_> {
-    /// Calls `f` with stage `st`'s handler and its context over the worker's cache and queue
-    /// (`room`: what a source may emit; 0 for a stage handling a message).
+impl<'a> StageEnv<'a> {
+    /// The context of a stage with these outputs, counters and histogram over the worker's
+    /// cache and queue (`room`: what a source may emit; 0 for a stage handling messages).
+    #[inline]
+    fn cx<'b>(
+        &self,
+        outputs: &'b [Target],
+        stats: &'b StageCounters,
+        latency: Option<&'b LatencyBuckets>,
+        room: usize,
+        cache: &'b mut PoolCache,
+        queue: &'b mut LocalQueue,
+    ) -> StageCx<'b>
+    where
+        'a: 'b,
+    {
+        StageCx {
+            pool: self.pool,
+            cache,
+            queue,
+            outputs,
+            stats,
+            latency,
+            clock: self.clock,
+            room,
+            stopping: self.stopping,
+            max_len: self.max_len,
+        }
+    }
+
+    /// Calls `f` with stage `st`'s handler and its context.
     #[inline]
     fn run<R>(
         &self,
@@ -191,18 +231,7 @@ impl StageEnv<'_> {
     ) -> R {
         // The handler is borrowed mutably and the rest of the slot shared: split the borrow.
         let StageSlot { handler, outputs, stats, latency, .. } = st;
-        let mut cx = StageCx {
-            pool: self.pool,
-            cache,
-            queue,
-            outputs,
-            stats,
-            latency: latency.as_deref(),
-            clock: self.clock,
-            room,
-            stopping: self.stopping,
-            max_len: self.max_len,
-        };
+        let mut cx = self.cx(outputs, stats, latency.as_deref(), room, cache, queue);
         f(&mut **handler, &mut cx)
     }
 
