@@ -1,5 +1,6 @@
 //! Worker behaviour outside the hot path: a failed pin is an error (and stops the pipeline);
-//! a worker run on its own thread until stopped returns every buffer.
+//! a worker run on its own thread until stopped returns every buffer; a send chain the QP
+//! refuses returns its buffers and send-queue room; the pipeline clock counts from its base.
 
 use dataplane::mem::{BufferPool, HugePolicy};
 use dataplane::pipeline::{
@@ -142,4 +143,57 @@ fn a_worker_thread_runs_until_stopped_and_returns_every_buffer() {
     assert_eq!(r.qps.iter().map(|q| q.doorbells).sum::<u64>(), r.doorbells);
     assert!(r.doorbells < r.tx_msgs, "sends are batched ({} doorbells for {} msgs)", r.doorbells, r.tx_msgs);
     assert_eq!(pool.outstanding(), 0, "no buffer leaked");
+}
+
+/// A chain the QP refuses (here: not yet connected, so `post_send` fails at its first WR)
+/// gives every gathered buffer back to the pool and frees the send-queue room it held; the
+/// counters say so.
+#[test]
+fn a_refused_chain_returns_its_buffers_and_room() {
+    use dataplane::verbs::{QpAttr, QpCaps, QpState, QpType};
+    use dataplane::worker::batch::SendBatch;
+    use dataplane::worker::stats::WorkerStats;
+    use dataplane::{Qp, QpInitAttr};
+
+    let name = format!("worker-refused-{}", std::process::id());
+    let ctx = Shm::open(&ShmConfig { fabric: name, size: 32 << 20, huge: HugePolicy::Never }).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let (size, count) = (256usize, 64usize);
+    let region = ctx.alloc_region(size * count + 64).unwrap();
+    let mr = pd.reg_mr(&region, 0, size * count + 64, AccessFlags::LOCAL_WRITE).unwrap();
+    let off = (64 - (mr.addr() % 64) as usize) % 64;
+    let pool = BufferPool::from_region(Arc::new(region), off, size, count).unwrap();
+    let cq = ctx.create_cq(64).unwrap();
+    let cap = QpCaps { max_send_wr: 16, max_recv_wr: 16, ..Default::default() };
+    let attr = QpInitAttr::<Shm> { send_cq: &cq, recv_cq: &cq, srq: None, cap, qp_type: QpType::Rc, sq_sig_all: false };
+    let mut qp = pd.create_qp(&attr).unwrap();
+    qp.modify(&QpAttr { state: QpState::Init, ..Default::default() }).unwrap();
+    let mut cache = pool.cache(16);
+    let w = WorkerStats::new();
+    // Doorbell batch 8: the eighth push posts the chain, which the INIT QP refuses.
+    let mut batch = SendBatch::new(qp, 16, 8, 4, mr.lkey());
+    for i in 0..8 {
+        let buf = cache.get().expect("a buffer");
+        assert!(batch.push(buf, 0, 32, &w, &mut cache), "push {i}");
+    }
+    assert_eq!(batch.inflight(), 0, "nothing was posted");
+    assert_eq!(batch.room(), 16, "the refused WRs free their room");
+    assert_eq!(w.errors.get(), 8, "each refused WR is an error");
+    assert_eq!(w.tx_msgs.get(), 0);
+    drop(cache);
+    assert_eq!(pool.outstanding(), 0, "every buffer is back in the pool");
+}
+
+/// The pipeline clock (read straight from CLOCK_MONOTONIC) counts nanoseconds from its
+/// creation, as `Instant` does, and never goes back.
+#[test]
+fn the_clock_counts_nanoseconds_since_its_base() {
+    let (clock, start) = (Clock::new(), std::time::Instant::now());
+    let t0 = clock.now_ns();
+    std::thread::sleep(Duration::from_millis(20));
+    let t1 = clock.now_ns();
+    let real = start.elapsed().as_nanos() as u64;
+    assert!(t1 >= t0 + 20_000_000, "20 ms slept: {t0} -> {t1}");
+    // Both read CLOCK_MONOTONIC; the clock was created just before `start`.
+    assert!(t1 <= real + 1_000_000, "the clock ({t1} ns) does not run ahead of Instant ({real} ns)");
 }

@@ -17,7 +17,6 @@ use crate::mem::{Buf, BufferPool, PoolCache};
 use crate::worker::stats::LatencyBuckets;
 pub use crate::worker::stats::{StageCounters, StageStats};
 use std::collections::VecDeque;
-use std::time::Instant;
 
 /// Offset of the sequence number in a message.
 pub const SEQ_OFFSET: usize = 0;
@@ -26,23 +25,35 @@ pub const TS_OFFSET: usize = 8;
 /// Bytes of the built-ins' header (sequence number and timestamp).
 pub const HEADER_LEN: usize = 16;
 
-/// A shared time base: timestamps are nanoseconds since `base`, comparable across workers of
-/// one process (`Instant` reads CLOCK_MONOTONIC through the vDSO, no system call).
+/// A shared time base: timestamps are nanoseconds since `base_ns`, comparable across workers
+/// of one process. Read from CLOCK_MONOTONIC (what `Instant` reads) through the vDSO, no
+/// system call, as plain integer nanoseconds: `Instant::elapsed` adds a checked `timespec`
+/// subtraction and a 128-bit conversion to every read, ~60 instructions per sink message.
 #[derive(Debug, Clone, Copy)]
 pub struct Clock {
-    base: Instant,
+    base_ns: u64,
+}
+
+/// CLOCK_MONOTONIC in nanoseconds.
+#[inline]
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: FFI; `ts` is a valid, writable timespec for the call's duration, and
+    // CLOCK_MONOTONIC exists on every Linux, so the call cannot fail.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64).wrapping_mul(1_000_000_000).wrapping_add(ts.tv_nsec as u64)
 }
 
 impl Clock {
     /// A clock starting now.
     pub fn new() -> Clock {
-        Clock { base: Instant::now() }
+        Clock { base_ns: monotonic_ns() }
     }
 
     /// Nanoseconds since the base.
     #[inline]
     pub fn now_ns(&self) -> u64 {
-        self.base.elapsed().as_nanos() as u64
+        monotonic_ns().saturating_sub(self.base_ns)
     }
 }
 

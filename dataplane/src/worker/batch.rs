@@ -21,13 +21,18 @@ use std::collections::VecDeque;
 pub struct SendBatch<Q: Qp> {
     pub(crate) qp: Q,
     chain: SendChain,
-    /// Buffers of posted WRs not yet known complete, oldest first.
-    inflight: VecDeque<(Buf, u32)>,
-    /// Buffers of the chain being gathered (not yet posted).
-    pending: VecDeque<(Buf, u32)>,
+    /// Buffers of posted WRs not yet known complete, oldest first, followed by the `pending`
+    /// buffers of the chain being gathered: one ring, so a post moves no entry.
+    bufs: VecDeque<Buf>,
+    /// Entries at the back of `bufs` not yet posted (= WRs in `chain`).
+    pending: usize,
+    /// Bytes of the pending WRs.
+    pending_bytes: u64,
+    /// Pending WRs carrying `SIGNALED`.
+    pending_signaled: u64,
     /// Sequence number of the next WR to post (= wr_id).
     next_seq: u64,
-    /// Sequence number of the oldest WR in `inflight`.
+    /// Sequence number of the oldest WR in `bufs`.
     done_seq: u64,
     since_signal: u32,
     signal_interval: u32,
@@ -48,8 +53,10 @@ impl<Q: Qp> SendBatch<Q> {
         SendBatch {
             qp,
             chain: SendChain::with_capacity(depth as usize, depth as usize),
-            inflight: VecDeque::with_capacity(depth as usize),
-            pending: VecDeque::with_capacity(depth as usize),
+            bufs: VecDeque::with_capacity(depth as usize),
+            pending: 0,
+            pending_bytes: 0,
+            pending_signaled: 0,
             next_seq: 0,
             done_seq: 0,
             since_signal: 0,
@@ -76,12 +83,12 @@ impl<Q: Qp> SendBatch<Q> {
     /// Free send-queue slots (not in flight and not gathered).
     #[inline]
     pub fn room(&self) -> usize {
-        self.depth as usize - self.inflight.len() - self.pending.len()
+        self.depth as usize - self.bufs.len()
     }
 
     /// Buffers posted and not yet released.
     pub fn inflight(&self) -> usize {
-        self.inflight.len()
+        self.bufs.len() - self.pending
     }
 
     /// Adds a SEND of the `len` bytes at offset `off` of `buf` to the chain; posts the chain
@@ -92,20 +99,23 @@ impl<Q: Qp> SendBatch<Q> {
         if self.room() == 0 {
             return false;
         }
-        let seq = self.next_seq + self.pending.len() as u64;
+        let seq = self.next_seq + self.pending as u64;
         self.since_signal += 1;
         let mut wr = SendWr::send(seq);
         wr.ud = self.dest;
         if self.since_signal >= self.signal_interval {
             wr = wr.signaled();
             self.since_signal = 0;
+            self.pending_signaled += 1;
         }
         if len <= self.max_inline {
             wr.flags |= SendFlags::INLINE;
         }
         self.chain.push(wr, &[Sge::new(buf.addr() + u64::from(off), len, self.lkey)]);
-        self.pending.push_back((buf, len));
-        if self.pending.len() >= self.batch as usize {
+        self.bufs.push_back(buf);
+        self.pending += 1;
+        self.pending_bytes += u64::from(len);
+        if self.pending >= self.batch as usize {
             self.flush(w, cache);
         }
         true
@@ -115,17 +125,17 @@ impl<Q: Qp> SendBatch<Q> {
     /// back with the next signaled completion, or at teardown ([`release_all`](Self::release_all)).
     #[inline]
     pub fn flush(&mut self, w: &WorkerCounters, cache: &mut PoolCache) {
-        if self.pending.is_empty() {
+        if self.pending == 0 {
             return;
         }
-        let n = self.pending.len();
-        let bytes: u64 = self.pending.iter().map(|&(_, l)| l as u64).sum();
-        let signaled = self.chain.wrs().iter().filter(|wr| wr.flags.contains(SendFlags::SIGNALED));
-        let signaled = signaled.count() as u64;
+        let n = self.pending;
+        let (bytes, signaled) = (self.pending_bytes, self.pending_signaled);
+        self.pending = 0;
+        self.pending_bytes = 0;
+        self.pending_signaled = 0;
         match self.qp.post_send(&self.chain) {
             Ok(()) => {
                 self.next_seq += n as u64;
-                self.inflight.extend(self.pending.drain(..));
                 self.stats.tx_msgs.add(n as u64);
                 self.stats.tx_bytes.add(bytes);
                 self.stats.doorbells.add(1);
@@ -139,13 +149,8 @@ impl<Q: Qp> SendBatch<Q> {
                 // Requests before bad_wr went out; the rest are returned to the pool.
                 let ok = e.bad_wr.min(n);
                 self.next_seq += ok as u64;
-                for _ in 0..ok {
-                    if let Some(p) = self.pending.pop_front() {
-                        self.inflight.push_back(p);
-                    }
-                }
                 let failed = (n - ok) as u64;
-                for (b, _) in self.pending.drain(..) {
+                for b in self.bufs.drain(self.bufs.len() - (n - ok)..) {
                     let _ = cache.put(b);
                 }
                 self.stats.errors.add(failed);
@@ -177,7 +182,7 @@ impl<Q: Qp> SendBatch<Q> {
             return; // not one of ours (or already released): ignore
         }
         while self.done_seq <= wc.wr_id {
-            if let Some((b, _)) = self.inflight.pop_front() {
+            if let Some(b) = self.bufs.pop_front() {
                 let _ = cache.put(b);
             }
             self.done_seq += 1;
@@ -187,9 +192,12 @@ impl<Q: Qp> SendBatch<Q> {
     /// Returns every buffer still held (after the QP was moved to ERROR and its CQ drained:
     /// remaining WRs completed unsignaled).
     pub fn release_all(&mut self, cache: &mut PoolCache) {
-        for (b, _) in self.inflight.drain(..).chain(self.pending.drain(..)) {
+        for b in self.bufs.drain(..) {
             let _ = cache.put(b);
         }
+        self.pending = 0;
+        self.pending_bytes = 0;
+        self.pending_signaled = 0;
         self.done_seq = self.next_seq;
         self.chain.clear();
     }

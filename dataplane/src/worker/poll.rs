@@ -1,7 +1,9 @@
 //! One iteration of the busy-poll loop.
 
-use super::Worker;
-use crate::pipeline::{Msg, StageCx, Target};
+use super::stats::{LatencyBuckets, StageCounters};
+use super::{StageSlot, Worker};
+use crate::mem::{BufferPool, PoolCache};
+use crate::pipeline::{Clock, Handler, LocalQueue, Msg, StageCx, Target};
 use crate::provider::{Context, Cq, Provider};
 use crate::verbs::{AsyncEventKind, WcStatus};
 use std::sync::atomic::Ordering;
@@ -36,16 +38,26 @@ impl<P: Provider> Worker<P> {
         let batches = &self.batches;
         let room_of = |qps: &[u16]| qps.iter().map(|&q| batches[q as usize].room()).min().unwrap_or(usize::MAX);
 
-        // 3. Receives, handed to the stage bound to their QP.
-        // Receives are always drained (a sink must never wait on a send queue, or two workers
-        // waiting on each other's RNR would deadlock); messages whose QP is full wait in the
-        // local queue, whose free space bounds the burst.
+        // 3. Receives, handed straight to the stage bound to their QP (not through the local
+        // queue: one push and pop per message saved). Receives are always drained (a sink must
+        // never wait on a send queue, or two workers waiting on each other's RNR would
+        // deadlock); what the stages send to a full QP waits in the local queue, whose free
+        // space bounds the burst.
+        let stopping = self.ctl.stop_sources.load(Ordering::Relaxed);
         let budget = self.wc.len().min(self.queue.free() / self.fan);
         if budget > 0 {
             let n = self.rcq.poll(&mut self.wc[..budget]).unwrap_or_else(|_| {
                 stats.errors.add(1);
                 0
             });
+            let env = StageEnv { pool: &self.pool, clock: &self.clock, stopping, max_len: self.max_msg };
+            // Summed over the burst and added once: a counter update is a load and a store to
+            // memory another process may map, not worth doing per message.
+            let (mut rx_msgs, mut rx_bytes) = (0u64, 0u64);
+            // The stage handling the current run of receives and its context, built once per
+            // run rather than once per message (a burst usually feeds one stage).
+            let (stages, cache, queue) = (&mut self.stages, &mut self.cache, &mut self.queue);
+            let mut cur: Option<(u16, &mut dyn Handler, StageCx<'_>)> = None;
             for i in 0..n {
                 let wc = self.wc[i];
                 let Some(buf) = self.srq.take(wc.wr_id) else {
@@ -61,18 +73,20 @@ impl<P: Provider> Worker<P> {
                         if wc.byte_len <= self.max_msg && wc.byte_len >= u32::from(off) =>
                     {
                         let len = wc.byte_len - u32::from(off);
-                        stats.rx_msgs.add(1);
-                        stats.rx_bytes.add(len as u64);
+                        rx_msgs += 1;
+                        rx_bytes += u64::from(len);
                         self.batches[q].stats.rx_msgs.add(1);
-                        self.batches[q].stats.rx_bytes.add(len as u64);
-                        let st = &self.stages[s as usize];
-                        st.stats.msgs_in.add(1);
-                        st.stats.bytes_in.add(len as u64);
+                        self.batches[q].stats.rx_bytes.add(u64::from(len));
                         let m = Msg { buf, off, len, qp: q as u16 };
-                        if let Err(m) = self.queue.push(Target::Stage(s), m) {
-                            stats.dropped.add(1);
-                            let _ = self.cache.put(m.buf);
+                        if !matches!(cur, Some((c, ..)) if c == s) {
+                            let StageSlot { handler, outputs, stats: counters, latency, .. } = &mut stages[s as usize];
+                            let cx = env.cx(outputs, counters, latency.as_deref(), 0, cache, queue);
+                            cur = Some((s, &mut **handler, cx));
                         }
+                        let Some((_, handler, cx)) = &mut cur else { unreachable!("set above") };
+                        cx.stats.msgs_in.add(1);
+                        cx.stats.bytes_in.add(u64::from(len));
+                        handler.on_message(m, cx);
                     }
                     (status, q, _) => {
                         if status != WcStatus::WrFlushErr {
@@ -81,32 +95,25 @@ impl<P: Provider> Worker<P> {
                                 self.batches[q].stats.errors.add(1);
                             }
                         }
-                        let _ = self.cache.put(buf);
+                        // The context holds the cache: end it (a rare path).
+                        cur = None;
+                        let _ = cache.put(buf);
                     }
                 }
             }
+            stats.rx_msgs.add(rx_msgs);
+            stats.rx_bytes.add(rx_bytes);
             work += n;
         }
 
         // 4. Sources.
-        let stopping = self.ctl.stop_sources.load(Ordering::Relaxed);
+        let env = StageEnv { pool: &self.pool, clock: &self.clock, stopping, max_len: self.max_msg };
         for (s, qps) in &self.sources {
-            // Receives polled above may also use these QPs: count them against the room.
+            // Stages handling receives above may also have used these QPs: count what waits
+            // in the queue against the room.
             let room = room_of(qps).saturating_sub(self.queue.len());
             let st = &mut self.stages[*s as usize];
-            let mut cx = StageCx {
-                pool: &self.pool,
-                cache: &mut self.cache,
-                queue: &mut self.queue,
-                outputs: &st.outputs,
-                stats: &st.stats,
-                latency: st.latency.as_deref(),
-                clock: &self.clock,
-                room,
-                stopping,
-                max_len: self.max_msg,
-            };
-            work += st.handler.poll(&mut cx);
+            work += env.poll(st, room, &mut self.cache, &mut self.queue);
         }
 
         // 5. Hand messages on until the queue is empty (stage chains run in this loop) or only
@@ -131,19 +138,7 @@ impl<P: Provider> Worker<P> {
                         st.stats.msgs_in.add(1);
                         st.stats.bytes_in.add(m.len as u64);
                     }
-                    let mut cx = StageCx {
-                        pool: &self.pool,
-                        cache: &mut self.cache,
-                        queue: &mut self.queue,
-                        outputs: &st.outputs,
-                        stats: &st.stats,
-                        latency: st.latency.as_deref(),
-                        clock: &self.clock,
-                        room: 0,
-                        stopping,
-                        max_len: self.max_msg,
-                    };
-                    st.handler.on_message(m, &mut cx);
+                    env.on_message(st, m, &mut self.cache, &mut self.queue);
                 }
             }
             deferred = 0;
@@ -182,5 +177,73 @@ impl<P: Provider> Worker<P> {
             self.idle.idle();
             false
         }
+    }
+}
+
+/// What every stage of a worker sees in one loop; builds each handler call's [`StageCx`] (one
+/// place, for received messages, messages between stages and sources alike).
+struct StageEnv<'a> {
+    pool: &'a BufferPool,
+    clock: &'a Clock,
+    stopping: bool,
+    max_len: u32,
+}
+
+impl<'a> StageEnv<'a> {
+    /// The context of a stage with these outputs, counters and histogram over the worker's
+    /// cache and queue (`room`: what a source may emit; 0 for a stage handling messages).
+    #[inline]
+    fn cx<'b>(
+        &self,
+        outputs: &'b [Target],
+        stats: &'b StageCounters,
+        latency: Option<&'b LatencyBuckets>,
+        room: usize,
+        cache: &'b mut PoolCache,
+        queue: &'b mut LocalQueue,
+    ) -> StageCx<'b>
+    where
+        'a: 'b,
+    {
+        StageCx {
+            pool: self.pool,
+            cache,
+            queue,
+            outputs,
+            stats,
+            latency,
+            clock: self.clock,
+            room,
+            stopping: self.stopping,
+            max_len: self.max_len,
+        }
+    }
+
+    /// Calls `f` with stage `st`'s handler and its context.
+    #[inline]
+    fn run<R>(
+        &self,
+        st: &mut StageSlot,
+        room: usize,
+        cache: &mut PoolCache,
+        queue: &mut LocalQueue,
+        f: impl FnOnce(&mut dyn Handler, &mut StageCx<'_>) -> R,
+    ) -> R {
+        // The handler is borrowed mutably and the rest of the slot shared: split the borrow.
+        let StageSlot { handler, outputs, stats, latency, .. } = st;
+        let mut cx = self.cx(outputs, stats, latency.as_deref(), room, cache, queue);
+        f(&mut **handler, &mut cx)
+    }
+
+    /// Hands `m` to stage `st`.
+    #[inline]
+    fn on_message(&self, st: &mut StageSlot, m: Msg, cache: &mut PoolCache, queue: &mut LocalQueue) {
+        self.run(st, 0, cache, queue, |h, cx| h.on_message(m, cx));
+    }
+
+    /// Lets source `st` generate up to `room` messages; returns how many it made.
+    #[inline]
+    fn poll(&self, st: &mut StageSlot, room: usize, cache: &mut PoolCache, queue: &mut LocalQueue) -> usize {
+        self.run(st, room, cache, queue, |h, cx| h.poll(cx))
     }
 }

@@ -14,6 +14,9 @@ use crate::verbs::{RecvChain, RecvWr, Sge, SrqAttr, SrqAttrMask};
 pub struct Replenisher<S: Srq> {
     pub(crate) srq: S,
     chain: RecvChain,
+    /// The buffers of `chain`, in order (so the bookkeeping after the post need not map each
+    /// `wr_id` back to its buffer).
+    bufs: Vec<Buf>,
     depth: u32,
     low: u32,
     posted: u32,
@@ -33,6 +36,7 @@ impl<S: Srq> Replenisher<S> {
         Replenisher {
             srq,
             chain: RecvChain::with_capacity(depth as usize, depth as usize),
+            bufs: Vec::with_capacity(depth as usize),
             depth,
             low: low.min(depth.saturating_sub(1)),
             posted: 0,
@@ -97,9 +101,11 @@ impl<S: Srq> Replenisher<S> {
     pub fn refill(&mut self, cache: &mut PoolCache, w: &WorkerCounters) -> bool {
         let want = self.depth - self.posted;
         self.chain.clear();
+        self.bufs.clear();
         for _ in 0..want {
             let Some(buf) = cache.get() else { break };
             self.chain.push(RecvWr::new(buf.addr()), &[Sge::new(buf.addr(), self.buf_len, self.lkey)]);
+            self.bufs.push(buf);
         }
         if self.chain.is_empty() {
             return false;
@@ -112,14 +118,12 @@ impl<S: Srq> Replenisher<S> {
                 e.bad_wr.min(n)
             }
         };
-        for (i, wr) in self.chain.wrs().iter().enumerate() {
-            let Some(buf) = self.pool.index_of_addr(wr.wr_id) else { continue };
-            if i < ok {
-                let idx = buf.index() as usize;
-                self.bits[idx / 64] |= 1 << (idx % 64);
-            } else {
-                let _ = cache.put(buf);
-            }
+        for &buf in &self.bufs[..ok] {
+            let idx = buf.index() as usize;
+            self.bits[idx / 64] |= 1 << (idx % 64);
+        }
+        for &buf in &self.bufs[ok..] {
+            let _ = cache.put(buf);
         }
         self.posted += ok as u32;
         self.limit_hit = false;

@@ -1,0 +1,89 @@
+//! A fixed amount of echo-pipeline work, for instruction profiles of the runtime:
+//! `valgrind --tool=callgrind target/release/examples/profile_pipeline MESSAGES`.
+//!
+//! The pipeline of `config/examples/echo.toml` with an unpaced source of 16-byte messages:
+//! worker `client` runs source -> QP `c` and `c` -> sink (sequence check and latency
+//! histogram), worker `server` runs QP `s` -> echo -> `s`. Both workers are stepped
+//! alternately on this one thread (no pinning, no second thread), so the instruction count is
+//! deterministic: (Ir(B) - Ir(A)) / (B - A) for two message counts A < B is the runtime's
+//! instructions per message, verbs included, setup excluded.
+
+use dataplane::mem::{BufferPool, HugePolicy};
+use dataplane::pipeline::{Clock, Echo, Sink, Source, SourceLimits, Target};
+use dataplane::shm::{Shm, ShmConfig};
+use dataplane::verbs::AccessFlags;
+use dataplane::worker::idle::IdleKind;
+use dataplane::worker::{Control, QpParams, Worker, WorkerParams};
+use dataplane::{Context, Mr, Pd, Provider};
+use std::sync::Arc;
+
+/// Message size of the unpaced source (the 16 B pipeline row).
+const MSG_SIZE: usize = 16;
+
+type Ctx = Arc<<Shm as Provider>::Context>;
+
+/// A worker with the config schema's defaults (`config/src/schema.rs`), unpinned, and the
+/// registration of its pool (which must outlive it).
+fn worker(name: &str, ctx: &Ctx, pd: &<Shm as Provider>::Pd, ctl: &Arc<Control>, clock: Clock) -> Worked {
+    let (size, count) = (2048usize, 16384usize);
+    let region = ctx.alloc_region(size * count + 64).expect("region");
+    let mr = pd.reg_mr(&region, 0, size * count + 64, AccessFlags::LOCAL_WRITE).expect("reg_mr");
+    let off = (64 - (mr.addr() % 64) as usize) % 64;
+    let pool = BufferPool::from_region(Arc::new(region), off, size, count).expect("pool");
+    let params = WorkerParams {
+        name: name.into(),
+        core: None,
+        poll_burst: 32,
+        doorbell_batch: 16,
+        cq_depth: 4096,
+        srq_depth: 1024,
+        srq_low_watermark: 256,
+        recv_buffer_size: 2048,
+        idle: IdleKind::Spin,
+        spin_count: 1000,
+        cache_size: 256,
+    };
+    let w = Worker::<Shm>::new(params, ctx.clone(), pd, pool, mr.lkey(), ctl.clone(), clock).expect("worker");
+    (w, mr)
+}
+
+/// A worker and the MR of its pool.
+type Worked = (Worker<Shm>, <Shm as Provider>::Mr);
+
+fn main() {
+    let messages: u64 = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(100_000);
+    let fabric = format!("profile-pipeline-{}", std::process::id());
+    let ctx = Arc::new(Shm::open(&ShmConfig { fabric, size: 128 << 20, huge: HugePolicy::Never }).expect("open"));
+    let pd = ctx.alloc_pd().expect("pd");
+    let ctl = Arc::new(Control::new());
+    let clock = Clock::new();
+    let (mut client, _client_mr) = worker("client", &ctx, &pd, &ctl, clock);
+    let (mut server, _server_mr) = worker("server", &ctx, &pd, &ctl, clock);
+    let qp = |n: &str| QpParams { name: n.into(), min_rnr_timer: 1, max_inline: 64, ..QpParams::default() };
+    let c = client.add_qp(&pd, qp("client-qp")).expect("qp");
+    let s = server.add_qp(&pd, qp("server-qp")).expect("qp");
+    let (cn, sn) = (client.qp_num(c), server.qp_num(s));
+    client.connect(c, sn).expect("connect");
+    server.connect(s, cn).expect("connect");
+    let limits = SourceLimits { rate: 0, count: messages, duration_ns: 0 };
+    client.add_stage("src", "source", Box::new(Source::new(MSG_SIZE, limits, 32)), vec![Target::Qp(c as u16)], None);
+    client.add_stage("rtt", "sink", Box::new(Sink::new(true, true)), vec![], Some(c));
+    server.add_stage("echo", "echo", Box::new(Echo), vec![], Some(s));
+
+    let (cstats, mut steps) = (client.stats(), 0u64);
+    // Bounded: a pipeline that stops moving ends the run with an error instead of hanging.
+    while cstats.rx_msgs.get() < messages && steps < 100 * messages + 1_000_000 {
+        client.step();
+        server.step();
+        steps += 1;
+    }
+    client.teardown();
+    server.teardown();
+    let r = client.report();
+    let sink = r.stages.iter().find(|s| s.kind == "sink").expect("sink");
+    println!("{} messages echoed in {steps} loop pairs, {} gaps", sink.msgs_in, sink.report.gaps);
+    if sink.msgs_in != messages || sink.report.gaps != 0 {
+        eprintln!("error: expected {messages} messages without gaps");
+        std::process::exit(1);
+    }
+}
