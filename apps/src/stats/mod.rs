@@ -12,8 +12,10 @@
 //! `/dev/shm`, or in `$DATAPLANE_STATS_DIR` if set (for both writer and reader), mode 0600.
 
 pub mod export;
+pub mod http;
 pub mod layout;
 mod map;
+pub mod prom;
 pub mod read;
 pub mod view;
 
