@@ -146,13 +146,13 @@ pub fn exposition(pipelines: &[(&Segment, &Snapshot)], unreadable: usize) -> Str
                     let (buckets, count, sum) = cumulative(fine);
                     let ls = labels(&sl);
                     for (le, n) in buckets {
-                        let le = float(le as f64 * 1e-9);
+                        let le = float(le as f64 / 1e9);
                         lat.sample("_bucket", &format!("{ls},le=\"{le}\""), &n.to_string());
                     }
                     lat.sample("_bucket", &format!("{ls},le=\"+Inf\""), &count.to_string());
-                    lat.sample("_sum", &ls, &float(sum * 1e-9));
+                    lat.sample("_sum", &ls, &float(sum / 1e9));
                     lat.sample("_count", &ls, &count.to_string());
-                    lat_max.sample("", &ls, &float(*max as f64 * 1e-9));
+                    lat_max.sample("", &ls, &float(*max as f64 / 1e9));
                 }
             }
         }
@@ -255,7 +255,7 @@ mod tests {
         assert_eq!(float(f64::INFINITY), "+Inf");
         assert_eq!(float(f64::NEG_INFINITY), "-Inf");
         assert_eq!(float(f64::NAN), "NaN");
-        assert_eq!(float(1023.0 * 1e-9), "0.000001023");
+        assert_eq!(float(1023.0 / 1e9), "0.000001023");
     }
 
     #[test]
