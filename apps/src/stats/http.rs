@@ -129,7 +129,26 @@ pub fn handle(stream: &mut TcpStream, metrics: &mut impl FnMut() -> Result<Strin
             Err(e) => (Response::plain(500, "Internal Server Error", &e), head),
         },
     };
-    write_response(stream, &resp, head)
+    write_response(stream, &resp, head)?;
+    linger(stream);
+    Ok(())
+}
+
+/// Closes gently: a request refused before it was all read (e.g. 431) leaves bytes unread,
+/// and closing on unread bytes sends a reset that can destroy the response before the client
+/// reads it. So: end our side, then discard what the client still sends, bounded in bytes
+/// and time.
+fn linger(stream: &mut TcpStream) {
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
+    let mut buf = [0u8; 4096];
+    let mut left = 16 * MAX_REQUEST;
+    while left > 0 {
+        match stream.read(&mut buf) {
+            Ok(n) if n > 0 => left = left.saturating_sub(n),
+            _ => break,
+        }
+    }
 }
 
 /// Accepts connections on `listener` forever, one at a time; a failed connection is reported
