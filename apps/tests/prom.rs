@@ -64,7 +64,8 @@ fn validate(promtool: bool, text: &str) -> Result<(), String> {
 
 /// The value of the one sample whose line starts with `series` (name and labels).
 fn sample(text: &str, series: &str) -> f64 {
-    let hits: Vec<&str> = text.lines().filter(|l| l.starts_with(series) && l[series.len()..].starts_with(' ')).collect();
+    let hits: Vec<&str> =
+        text.lines().filter(|l| l.starts_with(series) && l[series.len()..].starts_with(' ')).collect();
     assert_eq!(hits.len(), 1, "one sample {series} in:\n{text}");
     hits[0].rsplit_once(' ').unwrap().1.parse().unwrap_or_else(|e| panic!("{}: {e}", hits[0]))
 }
@@ -104,7 +105,9 @@ fn dpctl_prom_and_serve_expose_a_running_pipeline_that_a_real_parser_accepts() {
             assert!(validate(p, "# TYPE x_total counter\nx_total{a=\"b} 1\n").is_err(), "the parser accepts anything");
         }
         None if std::env::var("CI").is_ok_and(|v| v == "true") => {
-            panic!("CI: no Prometheus parser (apt-get install prometheus for promtool, or pip install prometheus-client)")
+            panic!(
+                "CI: no Prometheus parser (apt-get install prometheus for promtool, or pip install prometheus-client)"
+            )
         }
         None => eprintln!("NOT VALIDATED by a parser: neither promtool nor python3 prometheus_client is installed"),
     }
@@ -130,8 +133,16 @@ fn dpctl_prom_and_serve_expose_a_running_pipeline_that_a_real_parser_accepts() {
         if out.status.success() && text.lines().any(sampled) {
             break text;
         }
-        assert!(run.child.try_wait().unwrap().is_none(), "dataplane run ended first: {}", String::from_utf8_lossy(&out.stderr));
-        assert!(t0.elapsed() < Duration::from_secs(20), "no exposition after 20 s: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            run.child.try_wait().unwrap().is_none(),
+            "dataplane run ended first: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "no exposition after 20 s: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         std::thread::sleep(Duration::from_millis(100));
     };
     check(promtool, &text, &fabric, pid, "dpctl prom");

@@ -17,9 +17,9 @@
 use clap::{Args, Parser, Subcommand};
 use dataplane_apps::json::{number, string};
 use dataplane_apps::stats::read::{list, Listed, Segment, Snapshot};
-use dataplane_apps::stats::{http, prom};
 use dataplane_apps::stats::view::View;
 use dataplane_apps::stats::{file_name, stats_dir};
+use dataplane_apps::stats::{http, prom};
 use dataplane_config::HumanDuration;
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -298,7 +298,12 @@ fn prom(dir: &Path, t: &PromTarget) -> Result<(), String> {
     let (name, pid) = prom_filter(t);
     let (text, n) = prom::scrape(dir, name, pid)?;
     if n == 0 && (name.is_some() || pid.is_some()) {
-        return Err(format!("no running pipeline matches {} in {}", t.target.as_deref().unwrap_or("--pid"), dir.display()));
+        let what = match (name, pid) {
+            (Some(n), Some(p)) => format!("pipeline {n} of pid {p}"),
+            (Some(n), None) => format!("pipeline {n}"),
+            (None, _) => format!("pid {}", pid.unwrap_or_default()),
+        };
+        return Err(format!("no running {what} in {}", dir.display()));
     }
     print!("{text}");
     Ok(())

@@ -110,8 +110,13 @@ pub fn cumulative(fine: &[u64]) -> (Vec<(u64, u64)>, u64, f64) {
 /// gauge: `unreadable` segment files that were skipped.
 pub fn exposition(pipelines: &[(&Segment, &Snapshot)], unreadable: usize) -> String {
     let mut fams: Vec<Family> = Vec::new();
-    let mut up = Family::new("dataplane_up", "gauge", "1 while the pipeline's process runs, 0 once it is gone");
-    let mut uptime = Family::new("dataplane_uptime_seconds", "gauge", "Time since the pipeline's stats segment was created");
+    let mut up = Family::new(
+        "dataplane_up",
+        "gauge",
+        "1 for each pipeline whose process runs (those of processes that are gone are not exported)",
+    );
+    let mut uptime =
+        Family::new("dataplane_uptime_seconds", "gauge", "Time since the pipeline's stats segment was created");
     let mut running =
         Family::new("dataplane_running", "gauge", "1 while the pipeline's workers run (0 starting, draining or done)");
     let mut workers: Vec<Family> = block_families("worker", WorkerCounters::FIELDS);
@@ -122,7 +127,8 @@ pub fn exposition(pipelines: &[(&Segment, &Snapshot)], unreadable: usize) -> Str
         "histogram",
         "Latency recorded by a stage (a sink's message latency); _sum is estimated from bucket midpoints",
     );
-    let mut lat_max = Family::new("dataplane_stage_latency_max_seconds", "gauge", "Largest latency recorded by a stage");
+    let mut lat_max =
+        Family::new("dataplane_stage_latency_max_seconds", "gauge", "Largest latency recorded by a stage");
     for (seg, snap) in pipelines {
         let h = seg.header();
         let pid = h.pid.to_string();
@@ -247,7 +253,10 @@ mod tests {
         f.sample("", "a=\"1\"", "5");
         f.sample("", "a=\"1\"", "6");
         f.sample("", "a=\"2\"", "7");
-        assert_eq!(f.text, "# HELP x_total line1\\nline2\n# TYPE x_total counter\nx_total{a=\"1\"} 5\nx_total{a=\"2\"} 7\n");
+        assert_eq!(
+            f.text,
+            "# HELP x_total line1\\nline2\n# TYPE x_total counter\nx_total{a=\"1\"} 5\nx_total{a=\"2\"} 7\n"
+        );
     }
 
     #[test]
@@ -297,7 +306,8 @@ mod tests {
         // The same pipeline twice: every family and every series still once.
         let types: Vec<&str> = text.lines().filter(|l| l.starts_with("# TYPE ")).collect();
         assert_eq!(types.len(), types.iter().collect::<HashSet<_>>().len(), "a family twice");
-        let series: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).map(|l| l.rsplit_once(' ').unwrap().0).collect();
+        let series: Vec<&str> =
+            text.lines().filter(|l| !l.starts_with('#')).map(|l| l.rsplit_once(' ').unwrap().0).collect();
         assert_eq!(series.len(), series.iter().collect::<HashSet<_>>().len(), "a series twice");
         drop(seg);
         let _ = std::fs::remove_dir_all(&d);
