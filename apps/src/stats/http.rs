@@ -117,12 +117,17 @@ pub fn write_response(w: &mut impl Write, resp: &Response, head: bool) -> io::Re
     w.flush()
 }
 
-/// Serves one connection: reads the request, answers `metrics()` (or the error it returns,
-/// as 500) for the metrics path, a 4xx status otherwise.
-pub fn handle(stream: &mut TcpStream, metrics: &mut impl FnMut() -> Result<String, String>) -> io::Result<()> {
-    stream.set_read_timeout(Some(IO_TIMEOUT))?;
-    stream.set_write_timeout(Some(IO_TIMEOUT))?;
-    let (resp, head) = match read_head(stream, Instant::now() + IO_TIMEOUT).map(|h| parse(&h)) {
+/// Serves one connection: reads the request (in at most `timeout`, however slowly it trickles
+/// in), answers `metrics()` (or the error it returns, as 500) for the metrics path, a 4xx
+/// status otherwise.
+pub fn handle(
+    stream: &mut TcpStream,
+    metrics: &mut impl FnMut() -> Result<String, String>,
+    timeout: Duration,
+) -> io::Result<()> {
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    let (resp, head) = match read_head(stream, Instant::now() + timeout).map(|h| parse(&h)) {
         Err(r) | Ok(Request::Refused(r)) => (r, false),
         Ok(Request::Metrics { head }) => match metrics() {
             Ok(body) => (Response { status: 200, reason: "OK", content_type: super::prom::CONTENT_TYPE, body }, head),
@@ -157,7 +162,7 @@ pub fn serve(listener: &TcpListener, mut metrics: impl FnMut() -> Result<String,
     loop {
         match listener.accept() {
             Ok((mut s, peer)) => {
-                if let Err(e) = handle(&mut s, &mut metrics) {
+                if let Err(e) = handle(&mut s, &mut metrics, IO_TIMEOUT) {
                     eprintln!("dpctl serve: {peer}: {e}");
                 }
             }
@@ -238,19 +243,56 @@ mod tests {
             Ok::<_, String>("m 1\n".to_string())
         };
         let client = ask(b"GET /metrics HTTP/1.1\r\n\r\n");
-        handle(&mut l.accept().unwrap().0, &mut metrics).unwrap();
+        handle(&mut l.accept().unwrap().0, &mut metrics, IO_TIMEOUT).unwrap();
         let out = client.join().unwrap();
         assert!(out.starts_with("HTTP/1.1 200 OK\r\n"), "{out}");
         assert!(out.contains("Content-Type: text/plain; version=0.0.4; charset=utf-8\r\n"));
         assert!(out.ends_with("Content-Length: 4\r\nConnection: close\r\n\r\nm 1\n"), "{out}");
         let client = ask(b"GET /other HTTP/1.1\r\n\r\n");
-        handle(&mut l.accept().unwrap().0, &mut metrics).unwrap();
+        handle(&mut l.accept().unwrap().0, &mut metrics, IO_TIMEOUT).unwrap();
         assert!(client.join().unwrap().starts_with("HTTP/1.1 404 Not Found\r\n"));
         assert_eq!(calls, 1, "no scrape for a refused request");
         let mut failing = || Err("cannot list /nowhere".to_string());
         let client = ask(b"GET /metrics HTTP/1.1\r\n\r\n");
-        handle(&mut l.accept().unwrap().0, &mut failing).unwrap();
+        handle(&mut l.accept().unwrap().0, &mut failing, IO_TIMEOUT).unwrap();
         let out = client.join().unwrap();
         assert!(out.starts_with("HTTP/1.1 500 ") && out.ends_with("cannot list /nowhere\n"), "{out}");
+    }
+
+    #[test]
+    fn a_silent_or_trickling_client_gets_408_within_the_timeout() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let timeout = Duration::from_millis(300);
+        for trickle in [false, true] {
+            let client = std::thread::spawn(move || {
+                let mut c = TcpStream::connect(addr).unwrap();
+                c.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+                c.write_all(b"GET /met").unwrap();
+                let mut out = Vec::new();
+                let t0 = Instant::now();
+                // Trickling: a byte every 100 ms, each well inside the read timeout.
+                while t0.elapsed() < Duration::from_secs(10) {
+                    let mut b = [0u8; 256];
+                    match c.read(&mut b) {
+                        Ok(0) => break,
+                        Ok(n) => out.extend_from_slice(&b[..n]),
+                        Err(_) if trickle => {
+                            let _ = c.write_all(b"x");
+                            std::thread::sleep(Duration::from_millis(50));
+                        }
+                        Err(_) => {}
+                    }
+                }
+                String::from_utf8_lossy(&out).into_owned()
+            });
+            let t0 = Instant::now();
+            let mut metrics = || Ok::<_, String>(String::new());
+            handle(&mut l.accept().unwrap().0, &mut metrics, timeout).unwrap();
+            let took = t0.elapsed();
+            assert!(took < Duration::from_secs(2), "trickle {trickle}: held the server {took:?}");
+            let out = client.join().unwrap();
+            assert!(out.starts_with("HTTP/1.1 408 Request Timeout\r\n"), "trickle {trickle}: {out}");
+        }
     }
 }
