@@ -117,11 +117,14 @@ pub fn exposition(pipelines: &[(&Segment, &Snapshot)], unreadable: usize) -> Str
     );
     let mut uptime =
         Family::new("dataplane_uptime_seconds", "gauge", "Time since the pipeline's stats segment was created");
-    let mut running =
-        Family::new("dataplane_running", "gauge", "1 while the pipeline's workers run (0 starting, draining or done)");
-    let mut workers: Vec<Family> = block_families("worker", WorkerCounters::FIELDS);
-    let mut qps: Vec<Family> = block_families("qp", QpCounters::FIELDS);
-    let mut stages: Vec<Family> = block_families("stage", StageCounters::FIELDS);
+    let mut running = Family::new(
+        "dataplane_running",
+        "gauge",
+        "1 while the workers run with sources generating; 0 while draining (or in a state unknown to dpctl)",
+    );
+    let mut workers = block_families("worker", WorkerCounters::FIELDS);
+    let mut qps = block_families("qp", QpCounters::FIELDS);
+    let mut stages = block_families("stage", StageCounters::FIELDS);
     let mut lat = Family::new(
         "dataplane_stage_latency_seconds",
         "histogram",
@@ -170,9 +173,9 @@ pub fn exposition(pipelines: &[(&Segment, &Snapshot)], unreadable: usize) -> Str
     );
     scrape.sample("", "", &unreadable.to_string());
     fams.extend([up, uptime, running]);
-    fams.append(&mut workers);
-    fams.append(&mut qps);
-    fams.append(&mut stages);
+    for block in [workers, qps, stages] {
+        fams.extend(block.into_iter().map(|(_, f)| f));
+    }
     fams.extend([lat, lat_max, scrape]);
     fams.into_iter().map(|f| f.text).collect()
 }
@@ -195,21 +198,21 @@ pub fn scrape(dir: &Path, name: Option<&str>, pid: Option<u32>) -> Result<(Strin
     Ok((exposition(&pairs, unreadable), pairs.len()))
 }
 
-/// One counter family per field of a block: `dataplane_{block}_{field}_total`.
-fn block_families(block: &str, fields: &[&str]) -> Vec<Family> {
+/// One counter family per field of a block, `dataplane_{block}_{field}_total`, with its field.
+fn block_families(block: &str, fields: &[&'static str]) -> Vec<(&'static str, Family)> {
     fields
         .iter()
-        .map(|f| {
+        .map(|&f| {
             let help = format!("The {block} counter `{f}` (dataplane::worker::stats, live stats)");
-            Family::new(&format!("dataplane_{block}_{f}_total"), "counter", &help)
+            (f, Family::new(&format!("dataplane_{block}_{f}_total"), "counter", &help))
         })
         .collect()
 }
 
-/// Adds one sample per field of `v` to the families of its block (same field order).
-fn values(fams: &mut [Family], labels: &str, v: &Values) {
-    for (fam, value) in fams.iter_mut().zip(&v.values) {
-        fam.sample("", labels, &value.to_string());
+/// Adds the value of each family's field in `v` to that family.
+fn values(fams: &mut [(&'static str, Family)], labels: &str, v: &Values) {
+    for (field, fam) in fams.iter_mut() {
+        fam.sample("", labels, &v.get(field).to_string());
     }
 }
 
