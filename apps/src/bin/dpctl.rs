@@ -6,6 +6,8 @@
 //! dpctl watch   [NAME | PID | PATH] [-i 1s] [-n COUNT] [--json]   refreshed, rates per interval
 //! dpctl list    [--json]                                  every segment, live or stale (dead pid, no uptime)
 //! dpctl clean                                             removes stale segments
+//! dpctl prom    [NAME | PID] [--pid N]                    Prometheus text format
+//! dpctl serve   [NAME | PID] [--listen 127.0.0.1:9470]    the same over HTTP, GET /metrics
 //! ```
 //!
 //! With no target it picks the only running pipeline (and lists them if there are several).
@@ -17,6 +19,7 @@ use dataplane_apps::json::{number, string};
 use dataplane_apps::stats::read::{list, Listed, Segment, Snapshot};
 use dataplane_apps::stats::view::View;
 use dataplane_apps::stats::{file_name, proc_start_ticks, stats_dir};
+use dataplane_apps::stats::{http, prom};
 use dataplane_config::HumanDuration;
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -62,6 +65,27 @@ enum Cmd {
     },
     /// Remove the segments of processes that are gone.
     Clean,
+    /// Print the running pipelines' counters and latency histograms in the Prometheus text
+    /// format (all of them, or the one named).
+    Prom(PromTarget),
+    /// Serve `dpctl prom` over HTTP: GET /metrics, scraped afresh on each request.
+    Serve {
+        #[command(flatten)]
+        target: PromTarget,
+        /// Address to listen on (port 0: any free port; the address is printed).
+        #[arg(long, default_value = "127.0.0.1:9470")]
+        listen: String,
+    },
+}
+
+/// Which pipelines `prom` and `serve` export: all running ones unless narrowed.
+#[derive(Args, Debug, Default)]
+struct PromTarget {
+    /// Only the pipeline of this name (fabric), or this pid.
+    target: Option<String>,
+    /// Only the pipeline of this process id.
+    #[arg(long)]
+    pid: Option<u32>,
 }
 
 #[derive(Args, Debug, Default)]
@@ -85,6 +109,8 @@ fn main() {
         Cmd::Watch { target, interval, count } => watch(&dir, &target, &interval, count),
         Cmd::List { json } => list_cmd(&dir, json),
         Cmd::Clean => clean(&dir),
+        Cmd::Prom(t) => prom(&dir, &t),
+        Cmd::Serve { target, listen } => serve(&dir, &target, &listen),
     };
     if let Err(e) = res {
         eprintln!("dpctl: {e}");
@@ -276,6 +302,36 @@ fn list_cmd(dir: &Path, json: bool) -> Result<(), String> {
         .collect();
     println!("{{\"dir\":{},\"segments\":[{}]}}", string(&dir.display().to_string()), items.join(","));
     Ok(())
+}
+
+/// The name and pid filters of `t` (a number is a pid).
+fn prom_filter(t: &PromTarget) -> (Option<&str>, Option<u32>) {
+    let pid = t.pid.or_else(|| t.target.as_deref().and_then(|s| s.parse().ok()));
+    (t.target.as_deref().filter(|s| s.parse::<u32>().is_err()), pid)
+}
+
+fn prom(dir: &Path, t: &PromTarget) -> Result<(), String> {
+    let (name, pid) = prom_filter(t);
+    let (text, n) = prom::scrape(dir, name, pid)?;
+    if n == 0 && (name.is_some() || pid.is_some()) {
+        let what = match (name, pid) {
+            (Some(n), Some(p)) => format!("pipeline {n} of pid {p}"),
+            (Some(n), None) => format!("pipeline {n}"),
+            (None, _) => format!("pid {}", pid.unwrap_or_default()),
+        };
+        return Err(format!("no running {what} in {}", dir.display()));
+    }
+    print!("{text}");
+    Ok(())
+}
+
+fn serve(dir: &Path, t: &PromTarget, listen: &str) -> Result<(), String> {
+    let (name, pid) = prom_filter(t);
+    let listener = std::net::TcpListener::bind(listen).map_err(|e| format!("--listen {listen}: {e}"))?;
+    let addr = listener.local_addr().map_err(|e| format!("--listen {listen}: {e}"))?;
+    println!("serving http://{addr}/metrics (stats segments in {})", dir.display());
+    let _ = std::io::stdout().flush();
+    http::serve(&listener, || prom::scrape(dir, name, pid).map(|(text, _)| text))
 }
 
 fn clean(dir: &Path) -> Result<(), String> {

@@ -6,14 +6,17 @@
 //! histogram per latency-recording sink) is moved into the mapped file, so the hot loop does
 //! exactly what it did before, a relaxed load and store per update, only at another address.
 //! No thread copies anything. Layout: [`layout`]; mapping (the `unsafe`): `map`; the writer:
-//! [`export`]; the reader and its validation: [`read`]; `dpctl`'s tables and JSON: [`view`].
+//! [`export`]; the reader and its validation: [`read`]; `dpctl`'s tables and JSON: [`view`];
+//! the Prometheus text format: [`prom`], served by [`http`] (`dpctl serve`).
 //!
 //! Segments are files `dataplane-stats.NAME.PID` (NAME: the pipeline's fabric) in
 //! `/dev/shm`, or in `$DATAPLANE_STATS_DIR` if set (for both writer and reader), mode 0600.
 
 pub mod export;
+pub mod http;
 pub mod layout;
 mod map;
+pub mod prom;
 pub mod read;
 pub mod view;
 
