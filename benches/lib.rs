@@ -57,15 +57,11 @@ impl Loopback {
                 .unwrap()
         };
         let (mut a, mut b) = (mk(&acq, None), mk(&bcq, srq.as_ref()));
-        for (q, peer) in [(&mut a, b.qp_num()), (&mut b, 0)] {
-            q.modify(&QpAttr { state: QpState::Init, ..Default::default() }).unwrap();
-            let _ = peer;
-        }
         let (qa, qb) = (a.qp_num(), b.qp_num());
-        a.modify(&QpAttr { state: QpState::Rtr, dest_qp_num: qb, ..Default::default() }).unwrap();
-        b.modify(&QpAttr { state: QpState::Rtr, dest_qp_num: qa, ..Default::default() }).unwrap();
-        a.modify(&QpAttr { state: QpState::Rts, ..Default::default() }).unwrap();
-        b.modify(&QpAttr { state: QpState::Rts, ..Default::default() }).unwrap();
+        // shm QP numbers are fabric-wide: the route is just the port.
+        let to = |qpn| PeerAddr { qpn, psn: 0, ah: AhAttr { port_num: 1, ..Default::default() } };
+        a.connect(&to(qb), &ConnectOpts::default()).unwrap();
+        b.connect(&to(qa), &ConnectOpts::default()).unwrap();
         let mut lb = Loopback { ctx, a, b, acq, bcq, mr, region, srq };
         let mut rc = RecvChain::with_capacity(DEPTH as usize, DEPTH as usize);
         for i in 0..DEPTH as u64 {

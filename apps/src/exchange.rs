@@ -17,7 +17,7 @@
 //! its side closes, and [`Links::closed`] tells the runner, which then stops too.
 
 use dataplane::conn;
-use dataplane::verbs::{self, AhAttr, Endpoint, Errno};
+use dataplane::verbs::{self, Endpoint, Errno};
 use dataplane::worker::{PeerAddr, Worker};
 use dataplane::Provider;
 use dataplane_config::{Config, Peer};
@@ -177,20 +177,7 @@ impl Route {
     /// The address of the QP at `ep`: its QPN and PSN, and a route to its port (global when it
     /// has a GID, as RoCE needs; hop limit 64 so routed RoCE v2 works too).
     pub fn to(&self, ep: &Endpoint) -> PeerAddr {
-        let global = ep.gid != [0; 16];
-        PeerAddr {
-            qpn: ep.qpn,
-            psn: ep.psn,
-            ah: AhAttr {
-                dlid: ep.lid,
-                is_global: global,
-                dgid: ep.gid,
-                sgid_index: self.gid_index,
-                hop_limit: if global { 64 } else { 0 },
-                sl: 0,
-                port_num: self.port,
-            },
-        }
+        PeerAddr::from_endpoint(ep, self.port, self.gid_index)
     }
 }
 

@@ -19,7 +19,8 @@ use crate::mem::{BufferPool, PoolCache};
 use crate::pipeline::{Clock, Handler, LocalQueue, StageReport, Target};
 use crate::provider::{Context, Cq, Pd, Provider, Qp, QpInitAttr};
 use crate::verbs::{
-    AhAttr, Endpoint, Errno, Error, QpAttr, QpCaps, QpState, QpType, Result, SrqAttr, UdDest, WorkCompletion, GRH_LEN,
+    AhAttr, ConnectOpts, Endpoint, Errno, Error, QpAttr, QpCaps, QpState, QpType, Result, SrqAttr, UdDest,
+    WorkCompletion, GRH_LEN,
 };
 use batch::SendBatch;
 use idle::{Idle, IdleKind};
@@ -148,18 +149,8 @@ impl Default for QpParams {
     }
 }
 
-/// Where a QP's peer is, as learned from the configuration (a local QP) or the out-of-band
-/// exchange (a remote one): what RC's RTR needs, or what every UD send carries.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PeerAddr {
-    /// The peer QP's number.
-    pub qpn: u32,
-    /// The peer's starting packet sequence number (RC: this QP's expected receive PSN).
-    pub psn: u32,
-    /// The route to the peer's port (RoCE: `is_global` with its GID; `port_num` is the local
-    /// port, `sgid_index` the local GID index).
-    pub ah: AhAttr,
-}
+/// Where a QP's peer is (the provider API's bring-up address).
+pub use crate::verbs::PeerAddr;
 
 pub(crate) struct StageSlot {
     pub(crate) name: String,
@@ -437,11 +428,14 @@ impl<P: Provider> Worker<P> {
             sq_sig_all: false,
         };
         let mut q = pd.create_qp(&attr)?;
-        q.modify(&QpAttr { state: QpState::Init, qkey: UD_QKEY, ..Default::default() })?;
+        // UD is ready at once (its destination travels with each send); RC waits in INIT for
+        // its peer ([`Self::connect_to`]).
         let ud = qp.transport == QpType::Ud;
+        let opts = ConnectOpts { qkey: UD_QKEY, ..Default::default() };
         if ud {
-            q.modify(&QpAttr { state: QpState::Rtr, ..Default::default() })?;
-            q.modify(&QpAttr { state: QpState::Rts, ..Default::default() })?;
+            q.ready(&opts)?;
+        } else {
+            q.bring_up_to_init(&opts)?;
         }
         let depth = q.caps().max_send_wr.min(qp.send_depth).max(1);
         self.qp_nums.push(q.qp_num());
@@ -488,26 +482,16 @@ impl<P: Provider> Worker<P> {
     fn connect_rc(&mut self, i: usize, peer: &PeerAddr) -> Result<()> {
         let p = &self.qp_params[i];
         let port = if peer.ah.port_num == 0 { 1 } else { peer.ah.port_num };
-        let path_mtu = self.ctx.port_attr(port)?.active_mtu;
-        let rtr = QpAttr {
-            state: QpState::Rtr,
-            dest_qp_num: peer.qpn,
-            rq_psn: peer.psn,
-            ah: peer.ah,
-            path_mtu,
+        let opts = ConnectOpts {
+            port_num: port,
+            path_mtu: self.ctx.port_attr(port)?.active_mtu,
             min_rnr_timer: p.min_rnr_timer,
-            ..Default::default()
-        };
-        let rts = QpAttr {
-            state: QpState::Rts,
             rnr_retry: p.rnr_retry,
             retry_cnt: p.retry_cnt,
             timeout: p.timeout,
             ..Default::default()
         };
-        let qp = &mut self.batches[i].qp;
-        qp.modify(&rtr)?;
-        qp.modify(&rts)
+        self.batches[i].qp.connect(peer, &opts)
     }
 
     /// Adds a stage; `input_qp` binds a QP's receives to it. Returns its index.
