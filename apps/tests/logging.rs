@@ -15,10 +15,46 @@ fn free_1g_pages() -> u64 {
         .unwrap_or(0)
 }
 
+/// The machine's free 1 GiB huge pages, mapped and touched by this process until dropped.
+struct HeldPages {
+    ptr: *mut libc::c_void,
+    len: usize,
+}
+
+impl HeldPages {
+    fn take_all_1g() -> Option<HeldPages> {
+        let n = free_1g_pages() as usize;
+        if n == 0 {
+            return None;
+        }
+        let len = n << 30;
+        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB | libc::MAP_POPULATE | (30 << 26);
+        // SAFETY: FFI; an anonymous mapping at an address the kernel chooses, unmapped in drop.
+        let ptr = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0) };
+        assert_ne!(
+            ptr,
+            libc::MAP_FAILED,
+            "could not map the {n} free 1 GiB pages: {}",
+            std::io::Error::last_os_error()
+        );
+        Some(HeldPages { ptr, len })
+    }
+}
+
+impl Drop for HeldPages {
+    fn drop(&mut self) {
+        // SAFETY: FFI; the mapping made in `take_all_1g`, not used after this.
+        unsafe { libc::munmap(self.ptr, self.len) };
+    }
+}
+
 /// Runs the echo example for a moment with `hugepages = "prefer"` on 1 GiB pages, which makes
 /// huge pages unavailable on any machine that reserved none of that size (1 GiB pages must be
 /// reserved explicitly, at boot in practice), so the region falls back and warns.
 fn run_echo_without_huge_pages(tag: &str, rust_log: Option<&str>) -> Output {
+    // CI reserves a 1 GiB page for the region tests: hold every free one while the child
+    // runs, so that it finds none.
+    let _held = HeldPages::take_all_1g();
     assert_eq!(
         free_1g_pages(),
         0,

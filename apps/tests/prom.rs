@@ -17,10 +17,18 @@ struct Proc {
 
 impl Drop for Proc {
     fn drop(&mut self) {
+        // SIGTERM first: a pipeline then removes its own stats segment and fabric.
+        // SAFETY: FFI; signals our own child, whose pid it still is (not yet reaped).
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        let end = Instant::now() + Duration::from_secs(5);
+        while self.child.try_wait().ok().flatten().is_none() && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
         if let Some(f) = &self.fabric {
             let _ = dataplane::mem::Region::unlink_name(f);
+            let _ = std::fs::remove_file(format!("/dev/shm/dataplane-stats.{f}.{}", self.child.id()));
         }
     }
 }

@@ -584,6 +584,15 @@ mod tests {
         if free >= pages {
             return true;
         }
+        // The kernel may be unable to assemble a 1 GiB page on a machine whose memory is
+        // fragmented: `.ci/run` then says so and names the reason here, and the test reports
+        // NOT RUN with it rather than failing the run for the machine's state.
+        if page == PageSize::Huge1G {
+            if let Some(why) = std::env::var_os("DATAPLANE_CI_NO_1G") {
+                eprintln!("{what}: NOT RUN, {}", why.to_string_lossy());
+                return false;
+            }
+        }
         if std::env::var_os("CI").is_some() {
             panic!("{what}: CI must reserve {pages} free {page:?} pages (tools/hugepages.sh), {free} free");
         }
