@@ -59,6 +59,21 @@ pub(crate) fn pid_alive(pid: u32) -> bool {
     r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
+/// Whether `pid` is alive and not a zombie. Teardown asks this rather than [`pid_alive`]: a
+/// peer that died but was not reaped yet (a child of the caller, like shm-pingpong's server,
+/// or of a slow parent) still answers `kill(pid, 0)`, and taking it for alive left the fabric
+/// file behind when that peer was the last other user. Reads /proc: cold paths only.
+pub(crate) fn pid_running(pid: u32) -> bool {
+    pid_alive(pid) && !is_zombie(pid)
+}
+
+/// Whether `pid` has exited and waits to be reaped (state Z, or X while being reaped).
+fn is_zombie(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    // The state follows the command name, which is in parentheses and may hold any byte.
+    stat.rfind(')').and_then(|i| stat[i + 1..].split_whitespace().next()).is_some_and(|st| st == "Z" || st == "X")
+}
+
 /// How long a pid lock waits for a holder that is alive before giving up.
 pub(crate) const LOCK_PATIENCE: Duration = Duration::from_secs(5);
 
@@ -227,7 +242,7 @@ impl Fabric {
     /// fabric, left over by processes that all died).
     fn all_contexts_dead(&self) -> bool {
         self.hdr().ctx_ever.load(Ordering::Relaxed) > 0
-            && (0..MAX_CTX).all(|i| !pid_alive(self.ctx_slot(i).pid.load(Ordering::Relaxed)))
+            && (0..MAX_CTX).all(|i| !pid_running(self.ctx_slot(i).pid.load(Ordering::Relaxed)))
     }
 
     fn wrap(region: Region, name: &str) -> Fabric {
@@ -502,7 +517,7 @@ impl Fabric {
         // Wedged: leave the slot (it is reclaimed once this pid is dead) and the file.
         let Ok(_l) = self.lock() else { return };
         s.pid.store(0, Ordering::Release);
-        let alive = (0..MAX_CTX).any(|i| pid_alive(self.ctx_slot(i).pid.load(Ordering::Relaxed)));
+        let alive = (0..MAX_CTX).any(|i| pid_running(self.ctx_slot(i).pid.load(Ordering::Relaxed)));
         if !alive {
             self.hdr().dead.store(1, Ordering::Relaxed);
             self.region.unlink();
@@ -693,6 +708,32 @@ mod tests {
         h.arena_bump.store(saved.1, Ordering::Relaxed);
         assert!(f.alloc(4096).is_ok_and(|off| f.ptr(off, 4096).is_some()));
         f.free_ctx(ctx);
+    }
+
+    /// A context whose process died but was not reaped yet (a zombie: shm-pingpong's server
+    /// child ended before the client waited for it) must not keep the fabric file: the last
+    /// running context removes it. Found by tools/fault-inject (SIGTERM to the server at setup).
+    #[test]
+    fn a_zombie_context_does_not_keep_the_fabric_file() {
+        let name = format!("fabric-zombie-{}", std::process::id());
+        let size = TABLES.end + (8 << 20);
+        let (f, ctx) = Fabric::open(&name, size, HugePolicy::Never).unwrap();
+        let path = f.path();
+        let mut child = std::process::Command::new("true").spawn().expect("spawn true");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !is_zombie(child.id()) {
+            assert!(std::time::Instant::now() < deadline, "`true` did not exit within 10 s");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let other = (0..MAX_CTX).find(|&i| i != ctx).unwrap();
+        f.ctx_slot(other).pid.store(child.id(), Ordering::Release);
+        f.free_ctx(ctx);
+        let left = std::path::Path::new(&path).exists();
+        child.wait().unwrap();
+        if left {
+            f.region.unlink();
+        }
+        assert!(!left, "{path} was left behind although its only other context is a zombie");
     }
 
     /// Issue 15, defect 3: a fabric file cut short (a full /dev/shm, `truncate`) is refused on
