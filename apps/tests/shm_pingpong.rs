@@ -97,3 +97,29 @@ fn the_orphaned_server_notices_its_client_died_and_removes_the_fabric() {
     assert!(err.contains(&format!("the client process (pid {}) died mid-test", client.id())), "{err}");
     assert!(!left, "{} left behind", fabric_file(&fabric).display());
 }
+
+/// SIGTERM or Ctrl-C ends a side through its destructors, with a sentence: the default action
+/// used to end it where it stood, leaving the fabric file when it was the last user (found by
+/// tools/fault-inject).
+#[test]
+fn sigterm_ends_the_client_with_a_sentence_and_no_file_left() {
+    let fabric = format!("test-pingpong-term-{}", std::process::id());
+    let (mut client, _server) = start(&fabric);
+    std::thread::sleep(Duration::from_millis(500));
+    signal(client.id(), libc::SIGTERM);
+    let err = stderr_within(client.stderr.take().expect("stderr"), Duration::from_secs(10));
+    if err.is_none() {
+        let _ = client.kill();
+    }
+    let status = client.wait().expect("wait");
+    let t0 = Instant::now(); // the server child may be the last user: give it its exit
+    while fabric_file(&fabric).exists() && t0.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let left = fabric_file(&fabric).exists();
+    let _ = std::fs::remove_file(fabric_file(&fabric));
+    let err = err.expect("the client still running 10 s after SIGTERM");
+    assert_eq!(status.code(), Some(1), "not ended by its own error path: {status}; {err}");
+    assert!(err.contains("stopped by SIGINT or SIGTERM"), "{err}");
+    assert!(!left, "{} left behind", fabric_file(&fabric).display());
+}

@@ -59,6 +59,21 @@ pub(crate) fn pid_alive(pid: u32) -> bool {
     r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
+/// Whether `pid` is alive and not a zombie. Teardown asks this rather than [`pid_alive`]: a
+/// peer that died but was not reaped yet (a child of the caller, like shm-pingpong's server,
+/// or of a slow parent) still answers `kill(pid, 0)`, and taking it for alive left the fabric
+/// file behind when that peer was the last other user. Reads /proc: cold paths only.
+pub(crate) fn pid_running(pid: u32) -> bool {
+    pid_alive(pid) && !is_zombie(pid)
+}
+
+/// Whether `pid` has exited and waits to be reaped (state Z, or X while being reaped).
+fn is_zombie(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    // The state follows the command name, which is in parentheses and may hold any byte.
+    stat.rfind(')').and_then(|i| stat[i + 1..].split_whitespace().next()).is_some_and(|st| st == "Z" || st == "X")
+}
+
 /// How long a pid lock waits for a holder that is alive before giving up.
 pub(crate) const LOCK_PATIENCE: Duration = Duration::from_secs(5);
 
@@ -227,7 +242,7 @@ impl Fabric {
     /// fabric, left over by processes that all died).
     fn all_contexts_dead(&self) -> bool {
         self.hdr().ctx_ever.load(Ordering::Relaxed) > 0
-            && (0..MAX_CTX).all(|i| !pid_alive(self.ctx_slot(i).pid.load(Ordering::Relaxed)))
+            && (0..MAX_CTX).all(|i| !pid_running(self.ctx_slot(i).pid.load(Ordering::Relaxed)))
     }
 
     fn wrap(region: Region, name: &str) -> Fabric {
@@ -373,8 +388,12 @@ impl Fabric {
         let len = len.div_ceil(128) * 128;
         let _l = self.lock()?;
         let h = self.hdr();
-        let n = h.n_extents.load(Ordering::Relaxed) as usize;
-        for i in 0..n.min(MAX_EXTENTS) {
+        // The allocator's words are shared: a hostile or corrupt peer can write anything into
+        // them, so the arithmetic wraps or saturates instead of panicking (an overflow panic
+        // in a destructor aborts the process). A garbage offset handed out here is caught by
+        // the bounds check of [`Fabric::ptr`] where it is used.
+        let n = (h.n_extents.load(Ordering::Relaxed) as usize).min(MAX_EXTENTS);
+        for i in 0..n {
             let e = &h.extents[i];
             let (off, elen) = (e.off.load(Ordering::Relaxed), e.len.load(Ordering::Relaxed));
             if elen >= len {
@@ -384,14 +403,14 @@ impl Fabric {
                     e.len.store(last.len.load(Ordering::Relaxed), Ordering::Relaxed);
                     h.n_extents.store(n as u32 - 1, Ordering::Relaxed);
                 } else {
-                    e.off.store(off + len, Ordering::Relaxed);
+                    e.off.store(off.wrapping_add(len), Ordering::Relaxed);
                     e.len.store(elen - len, Ordering::Relaxed);
                 }
                 return Ok(off);
             }
         }
         let bump = h.arena_bump.load(Ordering::Relaxed);
-        if bump + len > h.arena_end.load(Ordering::Relaxed).min(self.size) {
+        if bump.saturating_add(len) > h.arena_end.load(Ordering::Relaxed).min(self.size) {
             return Err(Error::new(
                 Errno::ENOSPC,
                 format!(
@@ -414,15 +433,18 @@ impl Fabric {
         // A wedged fabric (lock held by a live stranger) leaks the range rather than hang.
         let Ok(_l) = self.lock() else { return };
         let h = self.hdr();
-        // Merge with neighbours.
+        // Merge with neighbours. As in `alloc`, the shared words may be garbage: checked
+        // arithmetic, and a range that cannot be merged sanely is leaked instead.
         let mut i = 0;
         while i < (h.n_extents.load(Ordering::Relaxed) as usize).min(MAX_EXTENTS) {
             let e = &h.extents[i];
             let (eo, el) = (e.off.load(Ordering::Relaxed), e.len.load(Ordering::Relaxed));
-            if eo + el == off || off + len == eo {
+            if eo.checked_add(el) == Some(off) || off.checked_add(len) == Some(eo) {
                 off = off.min(eo);
-                len += el;
-                let n = h.n_extents.load(Ordering::Relaxed) as usize;
+                let Some(merged) = len.checked_add(el) else { return };
+                len = merged;
+                // Re-read: a peer may have rewritten the count since the loop's check.
+                let n = (h.n_extents.load(Ordering::Relaxed) as usize).clamp(1, MAX_EXTENTS);
                 let last = &h.extents[n - 1];
                 e.off.store(last.off.load(Ordering::Relaxed), Ordering::Relaxed);
                 e.len.store(last.len.load(Ordering::Relaxed), Ordering::Relaxed);
@@ -431,7 +453,7 @@ impl Fabric {
             }
             i += 1;
         }
-        if off + len == h.arena_bump.load(Ordering::Relaxed) {
+        if off.checked_add(len) == Some(h.arena_bump.load(Ordering::Relaxed)) {
             h.arena_bump.store(off, Ordering::Relaxed);
             return;
         }
@@ -495,7 +517,7 @@ impl Fabric {
         // Wedged: leave the slot (it is reclaimed once this pid is dead) and the file.
         let Ok(_l) = self.lock() else { return };
         s.pid.store(0, Ordering::Release);
-        let alive = (0..MAX_CTX).any(|i| pid_alive(self.ctx_slot(i).pid.load(Ordering::Relaxed)));
+        let alive = (0..MAX_CTX).any(|i| pid_running(self.ctx_slot(i).pid.load(Ordering::Relaxed)));
         if !alive {
             self.hdr().dead.store(1, Ordering::Relaxed);
             self.region.unlink();
@@ -649,6 +671,69 @@ mod tests {
         let (got, _) = opened.unwrap();
         assert_eq!(got, name);
         creator.join().unwrap();
+    }
+
+    /// Hostile allocator words (shm-vandal --target header): extents and counts at the
+    /// extremes used to overflow in `free` (debug builds panic, and in a destructor that
+    /// aborted the process) and index past the extent table in `alloc`.
+    #[test]
+    fn garbage_in_the_allocator_words_neither_panics_alloc_nor_free() {
+        let name = format!("fabric-garbage-alloc-{}", std::process::id());
+        let size = TABLES.end + (8 << 20);
+        let (f, ctx) = Fabric::open(&name, size, HugePolicy::Never).unwrap();
+        let h = f.hdr();
+        let saved = (h.n_extents.load(Ordering::Relaxed), h.arena_bump.load(Ordering::Relaxed));
+        let good = f.alloc(4096).unwrap();
+        for (n, eo, el, bump) in [
+            (u32::MAX, u64::MAX, u64::MAX, u64::MAX),
+            (1, u64::MAX - 64, u64::MAX, saved.1),
+            (2, 1 << 63, 1 << 63, u64::MAX - 100),
+            (MAX_EXTENTS as u32 + 7, 0, 4096, 0),
+        ] {
+            for e in &h.extents[..2] {
+                e.off.store(eo, Ordering::Relaxed);
+                e.len.store(el, Ordering::Relaxed);
+            }
+            h.extents[MAX_EXTENTS - 1].len.store(u64::MAX, Ordering::Relaxed);
+            h.n_extents.store(n, Ordering::Relaxed);
+            h.arena_bump.store(bump, Ordering::Relaxed);
+            f.free(good, 4096);
+            f.free(u64::MAX - 10, 1024);
+            // Any answer will do (the words are garbage) as long as the call returns: a
+            // panic here fails the test. A garbage offset is refused where it would be used.
+            let _ = f.alloc(4096);
+        }
+        // Once the words are sane again, the allocator works again.
+        h.n_extents.store(0, Ordering::Relaxed);
+        h.arena_bump.store(saved.1, Ordering::Relaxed);
+        assert!(f.alloc(4096).is_ok_and(|off| f.ptr(off, 4096).is_some()));
+        f.free_ctx(ctx);
+    }
+
+    /// A context whose process died but was not reaped yet (a zombie: shm-pingpong's server
+    /// child ended before the client waited for it) must not keep the fabric file: the last
+    /// running context removes it. Found by tools/fault-inject (SIGTERM to the server at setup).
+    #[test]
+    fn a_zombie_context_does_not_keep_the_fabric_file() {
+        let name = format!("fabric-zombie-{}", std::process::id());
+        let size = TABLES.end + (8 << 20);
+        let (f, ctx) = Fabric::open(&name, size, HugePolicy::Never).unwrap();
+        let path = f.path();
+        let mut child = std::process::Command::new("true").spawn().expect("spawn true");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !is_zombie(child.id()) {
+            assert!(std::time::Instant::now() < deadline, "`true` did not exit within 10 s");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let other = (0..MAX_CTX).find(|&i| i != ctx).unwrap();
+        f.ctx_slot(other).pid.store(child.id(), Ordering::Release);
+        f.free_ctx(ctx);
+        let left = std::path::Path::new(&path).exists();
+        child.wait().unwrap();
+        if left {
+            f.region.unlink();
+        }
+        assert!(!left, "{path} was left behind although its only other context is a zombie");
     }
 
     /// Issue 15, defect 3: a fabric file cut short (a full /dev/shm, `truncate`) is refused on
