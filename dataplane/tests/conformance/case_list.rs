@@ -78,4 +78,6 @@ suite!(ShmHarness;
     tm_refused_without_tm_caps,
     uc_rdma_write_and_write_with_imm,
     fence_orders_after_prior_read,
+    mcast_attach_non_ud_or_unicast_gid_einval,
+    mcast_attach_any_state_twice_then_detach,
 );
