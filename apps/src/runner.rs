@@ -371,6 +371,10 @@ fn build<P: Provider>(
             timeout: *q.timeout,
         };
         let i = workers[wi].add_qp(pd, params).map_err(|e| format!("qp {name}: {e}"))?;
+        if let Some(gid) = q.mcast_gid() {
+            let group = std::net::Ipv6Addr::from(gid);
+            workers[wi].attach_mcast(i, &gid).map_err(|e| format!("qp {name}: join multicast group {group}: {e}"))?;
+        }
         qidx.insert(name, (wi, i));
     }
     for q in &cfg.qps {

@@ -554,6 +554,21 @@ pub struct QpConfig {
     /// Default: `true`.
     #[serde(default = "d::use_srq")]
     pub use_srq: Located<bool>,
+    /// UD only: the multicast group this QP joins (`ibv_attach_mcast`) once it is created,
+    /// written as an IPv6 address in `ff00::/8`, e.g. `"ff0e::1:1"`: every message sent to
+    /// the group then lands in this QP's receive queue too. Default: absent.
+    #[serde(default)]
+    pub mcast: Option<Located<String>>,
+}
+
+/// Parses a multicast group written as an IPv6 address in `ff00::/8` (`"ff0e::1:1"`) into
+/// its GID bytes; the error says what is wrong with it.
+pub fn parse_mcast_group(text: &str) -> Result<[u8; 16], String> {
+    let addr: std::net::Ipv6Addr = text.parse().map_err(|_| format!("`{text}` is not an IPv6 address"))?;
+    if !addr.is_multicast() {
+        return Err(format!("`{text}` is not a multicast address (ff00::/8)"));
+    }
+    Ok(addr.octets())
 }
 
 impl QpConfig {
@@ -574,7 +589,14 @@ impl QpConfig {
             peer: None,
             listen: None,
             use_srq: d::use_srq(),
+            mcast: None,
         }
+    }
+
+    /// The multicast group's GID (the 16 bytes of the address in `mcast`), or `None` when
+    /// absent or malformed (validation reports those).
+    pub fn mcast_gid(&self) -> Option<[u8; 16]> {
+        parse_mcast_group(self.mcast.as_ref()?.as_str()).ok()
     }
 
     /// The parsed `peer`, or `None` when absent or malformed (validation reports those).

@@ -867,6 +867,7 @@ impl<'a> Validator<'a> {
                 }
             }
             self.peer(j);
+            self.mcast(j);
 
             let Some(wi) = worker_idx else { continue };
             let w = &cfg.workers[wi];
@@ -933,6 +934,30 @@ impl<'a> Validator<'a> {
                     ),
                 }
             }
+        }
+    }
+
+    /// `mcast`: a UD QP only, and an address in ff00::/8.
+    fn mcast(&mut self, j: usize) {
+        let q = &self.cfg.qps[j];
+        let Some(group) = &q.mcast else { return };
+        let field = format!("qps[{j}].mcast");
+        if *q.transport != Transport::Ud {
+            self.push(
+                ErrorKind::Invalid,
+                group.span.clone(),
+                field,
+                format!("qp `{}` is {}; only a ud qp can join a multicast group", q.name, q.transport.as_str()),
+                Some("set transport = \"ud\" on this qp, or remove `mcast`".into()),
+            );
+        } else if let Err(e) = crate::schema::parse_mcast_group(group) {
+            self.push(
+                ErrorKind::Invalid,
+                group.span.clone(),
+                field,
+                e,
+                Some("write an IPv6 multicast address, e.g. mcast = \"ff0e::1:1\"".into()),
+            );
         }
     }
 

@@ -151,6 +151,30 @@ fn in_step(e: Error, step: &str) -> Error {
     Error::new(e.errno, format!("{step}: {}", e.msg))
 }
 
+/// Whether `gid` is a multicast GID (`ff00::/8`, the first byte `0xff`).
+pub fn is_mcast_gid(gid: &[u8; 16]) -> bool {
+    gid[0] == 0xff
+}
+
+/// The checks every provider makes before `attach_mcast`/`detach_mcast`, those the kernel
+/// makes in `ib_attach_mcast`: only a UD QP joins a group, and only a multicast GID names one.
+/// `verb` names the call in the error.
+pub fn check_mcast_attach(verb: &str, qpn: u32, qp_type: QpType, gid: &[u8; 16]) -> Result<()> {
+    if qp_type != QpType::Ud {
+        return Err(Error::new(
+            Errno::EINVAL,
+            format!("{verb}: QP {qpn:#x} is {qp_type:?}; only a UD QP can join a multicast group"),
+        ));
+    }
+    if !is_mcast_gid(gid) {
+        return Err(Error::new(
+            Errno::EINVAL,
+            format!("{verb}: {} is not a multicast GID (ff00::/8)", std::net::Ipv6Addr::from(*gid)),
+        ));
+    }
+    Ok(())
+}
+
 /// A queue pair.
 pub trait Qp {
     /// QP number.
@@ -178,6 +202,20 @@ pub trait Qp {
     /// Errors, with `bad_wr`: `EINVAL` (QP in RESET, QP attached to an SRQ, too many SGEs,
     /// unknown lkey, SGE outside its MR, MR without LOCAL_WRITE); `ENOMEM` (queue full).
     fn post_recv(&mut self, chain: &RecvChain) -> std::result::Result<(), PostError>;
+    /// Attaches this QP to the multicast group `gid` (MGID) / `lid` (MLID), as
+    /// `ibv_attach_mcast(3)`: afterwards a UD send to the group delivers a copy here. A QP in
+    /// any state may attach. Attaching to a group the QP is already in succeeds and it still
+    /// receives one copy per message, as the man page says.
+    ///
+    /// Errors: `EINVAL` for a QP that is not UD or a GID outside `ff00::/8` (see
+    /// [`check_mcast_attach`]); `ENOMEM` when the provider's group table is full;
+    /// `EOPNOTSUPP` where the provider has no multicast.
+    fn attach_mcast(&mut self, gid: &[u8; 16], lid: u16) -> Result<()>;
+    /// Detaches this QP from the multicast group `gid` / `lid`, as `ibv_detach_mcast(3)`.
+    ///
+    /// Errors: `EINVAL` as for [`attach_mcast`](Self::attach_mcast), and for a group this QP
+    /// is not attached to (what the kernel returns for rxe).
+    fn detach_mcast(&mut self, gid: &[u8; 16], lid: u16) -> Result<()>;
 
     /// Connects an RC or UC QP to `peer` and makes it ready to send: RESET → INIT (port,
     /// P_Key, access of `opts`) → RTR (the peer's QPN, PSN and route; MTU and RNR timer of

@@ -211,6 +211,12 @@ verbs_table! {
                 -> c_int;
         /// Destroys a queue pair.
         destroy_qp = ibv_destroy_qp @ "IBVERBS_1.1": fn(*mut sys::ibv_qp) -> c_int;
+        /// Attaches a UD QP to a multicast group (MGID, MLID).
+        attach_mcast = ibv_attach_mcast @ "IBVERBS_1.1":
+            fn(*mut sys::ibv_qp, *const sys::ibv_gid, u16) -> c_int;
+        /// Detaches a UD QP from a multicast group.
+        detach_mcast = ibv_detach_mcast @ "IBVERBS_1.1":
+            fn(*mut sys::ibv_qp, *const sys::ibv_gid, u16) -> c_int;
         /// Creates a shared receive queue.
         create_srq = ibv_create_srq @ "IBVERBS_1.1":
             fn(*mut sys::ibv_pd, *mut sys::ibv_srq_init_attr) -> *mut sys::ibv_srq;

@@ -1166,6 +1166,28 @@ impl crate::Qp for RdmaQp {
         self.qpn
     }
 
+    fn attach_mcast(&mut self, gid: &[u8; 16], lid: u16) -> Result<()> {
+        crate::provider::check_mcast_attach("attach_mcast", self.qpn, self.qp_type, gid)?;
+        let g = sys::ibv_gid { raw: *gid };
+        // SAFETY: the QP is live; `g` is a valid GID that outlives the call.
+        let rc = unsafe { (self.ctx().v.attach_mcast)(self.inner.qp.as_ptr(), &g, lid) };
+        if rc != 0 {
+            return Err(rc_err("ibv_attach_mcast", rc));
+        }
+        Ok(())
+    }
+
+    fn detach_mcast(&mut self, gid: &[u8; 16], lid: u16) -> Result<()> {
+        crate::provider::check_mcast_attach("detach_mcast", self.qpn, self.qp_type, gid)?;
+        let g = sys::ibv_gid { raw: *gid };
+        // SAFETY: the QP is live; `g` is a valid GID that outlives the call.
+        let rc = unsafe { (self.ctx().v.detach_mcast)(self.inner.qp.as_ptr(), &g, lid) };
+        if rc != 0 {
+            return Err(rc_err("ibv_detach_mcast", rc));
+        }
+        Ok(())
+    }
+
     fn qp_type(&self) -> QpType {
         self.qp_type
     }

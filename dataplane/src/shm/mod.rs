@@ -17,6 +17,7 @@ mod cq;
 mod exec;
 mod fabric;
 mod layout;
+mod mcast;
 mod mr;
 mod qp;
 mod recvq;

@@ -557,6 +557,14 @@ impl crate::provider::Qp for ShmQp {
         self.qpn
     }
 
+    fn attach_mcast(&mut self, gid: &[u8; 16], lid: u16) -> Result<()> {
+        super::mcast::attach(self.qpn, self.qp_type, gid, lid)
+    }
+
+    fn detach_mcast(&mut self, gid: &[u8; 16], lid: u16) -> Result<()> {
+        super::mcast::detach(self.qpn, self.qp_type, gid, lid)
+    }
+
     fn qp_type(&self) -> QpType {
         self.qp_type
     }

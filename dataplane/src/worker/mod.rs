@@ -458,6 +458,12 @@ impl<P: Provider> Worker<P> {
         self.batches[i].qp.endpoint(gid_index)
     }
 
+    /// Joins UD QP `i` to the multicast group `gid` ([`Qp::attach_mcast`] with MLID 0, as
+    /// on RoCE, where the MLID is unused).
+    pub fn attach_mcast(&mut self, i: usize, gid: &[u8; 16]) -> Result<()> {
+        self.batches[i].qp.attach_mcast(gid, 0)
+    }
+
     /// Connects RC QP `i` to QP `dest_qpn` of the same shm fabric (INIT → RTR → RTS), with
     /// no route: enough for `shm`, where QP numbers are fabric-wide. On `rdma` use
     /// [`connect_to`](Self::connect_to) with the peer's GID.

@@ -86,4 +86,6 @@ suite!(ShmHarness;
     post_list_on_uc_drops_what_finds_no_receive,
     post_list_stops_at_a_refused_wr,
     post_list_with_a_receive_too_small_fails_as_one_by_one,
+    mcast_attach_non_ud_or_unicast_gid_einval,
+    mcast_attach_any_state_twice_then_detach,
 );

@@ -2102,3 +2102,35 @@ pub fn fence_orders_after_prior_read<H: Harness>(t: &str) {
     assert_eq!((s.wr_id, s.status), (2, WcStatus::Success));
     assert_eq!(p.b.read(RX + 4096, 32), remote, "the fenced WRITE sent what the READ fetched");
 }
+
+/// A multicast GID (ff0e::1:1) and a unicast one (fe80::1) for the multicast cases.
+const MGID: [u8; 16] = [0xff, 0x0e, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 1];
+const UNICAST_GID: [u8; 16] = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+
+/// ibv_attach_mcast(3): "Only QPs of Transport Service Type IBV_QPT_UD may be attached to
+/// multicast groups" — an RC or UC QP gets EINVAL, as the kernel's ib_attach_mcast returns,
+/// for attach and detach; so does a UD QP given a GID outside ff00::/8.
+pub fn mcast_attach_non_ud_or_unicast_gid_einval<H: Harness>(t: &str) {
+    let a = Node::<H>::open(t, 0);
+    for qt in [QpType::Rc, QpType::Uc] {
+        let mut q = a.qp(qt, QpCaps::default(), None, false);
+        assert_eq!(q.attach_mcast(&MGID, 0xc001).unwrap_err().errno, Errno::EINVAL, "attach on {qt:?}");
+        assert_eq!(q.detach_mcast(&MGID, 0xc001).unwrap_err().errno, Errno::EINVAL, "detach on {qt:?}");
+    }
+    let mut ud = a.qp(QpType::Ud, QpCaps::default(), None, false);
+    assert_eq!(ud.attach_mcast(&UNICAST_GID, 0xc001).unwrap_err().errno, Errno::EINVAL);
+    assert_eq!(ud.detach_mcast(&UNICAST_GID, 0xc001).unwrap_err().errno, Errno::EINVAL);
+}
+
+/// ibv_attach_mcast(3): a UD QP attaches in any state (here RESET and RTS); "If a QP is
+/// attached to the same multicast group multiple times" it is not an error; detaching a
+/// group the QP is not in is EINVAL (rxe and the kernel core).
+pub fn mcast_attach_any_state_twice_then_detach<H: Harness>(t: &str) {
+    let a = Node::<H>::open(t, 0);
+    let mut q = a.qp(QpType::Ud, QpCaps::default(), None, false);
+    q.attach_mcast(&MGID, 0xc001).expect("attach in RESET");
+    q.attach_mcast(&MGID, 0xc001).expect("attach the same group again");
+    ud_ready(&mut q, QKEY);
+    q.detach_mcast(&MGID, 0xc001).expect("detach in RTS");
+    assert_eq!(q.detach_mcast(&MGID, 0xc001).unwrap_err().errno, Errno::EINVAL, "detach of a group not attached");
+}
