@@ -73,7 +73,8 @@ fn exercise(ctx: &<Shm as Provider>::Context) {
     let Ok(pd) = ctx.alloc_pd() else { return };
     let Ok(cq) = ctx.create_cq(16) else { return };
     let cap = QpCaps { max_send_wr: 8, max_recv_wr: 8, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
-    let qp = pd.create_qp(&QpInitAttr { send_cq: &cq, recv_cq: &cq, srq: None, cap, qp_type: QpType::Rc, sq_sig_all: true });
+    let qp =
+        pd.create_qp(&QpInitAttr { send_cq: &cq, recv_cq: &cq, srq: None, cap, qp_type: QpType::Rc, sq_sig_all: true });
     let srq = pd.create_srq(&SrqAttr { max_wr: 8, max_sge: 1, srq_limit: 0 });
     if let Ok(region) = ctx.alloc_region(4096) {
         let _ = pd.reg_mr(&region, 0, 4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE);

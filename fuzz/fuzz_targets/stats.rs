@@ -20,7 +20,12 @@ fn setup() -> &'static (PathBuf, Vec<u8>) {
         std::fs::create_dir_all(&dir).expect("scratch directory");
         let stage = |name: &str, kind: &str, latency| StageShape { name: name.into(), kind: kind.into(), latency };
         let shapes = [
-            StatsShape { name: "rx".into(), core: Some(0), qps: vec!["q0".into()], stages: vec![stage("s", "sink", true)] },
+            StatsShape {
+                name: "rx".into(),
+                core: Some(0),
+                qps: vec!["q0".into()],
+                stages: vec![stage("s", "sink", true)],
+            },
             StatsShape {
                 name: "tx".into(),
                 core: None,
@@ -50,7 +55,8 @@ fuzz_target!(|data: &[u8]| {
     std::fs::write(&path, &bytes).expect("write the input segment");
     if let Ok(seg) = Segment::open(&path) {
         let _ = seg.worker_names();
-        let _ = seg.stale();
+        let _ = seg.alive();
+        let _ = seg.header();
         let base = seg.snapshot();
         let now = seg.snapshot();
         for (base, secs) in [(None, now.uptime.as_secs_f64()), (Some(&base), 0.0), (Some(&base), 1.5)] {
