@@ -3,7 +3,7 @@
 //! use them to do the whole sequence in one call, as rust-ibverbs' `handshake` does, so that
 //! no program writes the four `modify` calls by hand.
 
-use super::{AccessFlags, AhAttr, Endpoint};
+use super::{AccessFlags, AhAttr, Endpoint, QpAttr};
 
 /// Where a QP's peer is: what RC/UC's RTR needs (QPN, PSN, route), or what a UD send
 /// carries. Built from the peer's [`Endpoint`] (learned over the out-of-band exchange) with
@@ -74,20 +74,23 @@ pub struct ConnectOpts {
 }
 
 impl Default for ConnectOpts {
+    /// The defaults of [`QpAttr`], so that a one-call bring-up and hand-written `modify`
+    /// calls start from the same values.
     fn default() -> Self {
+        let a = QpAttr::default();
         ConnectOpts {
-            port_num: 1,
-            pkey_index: 0,
-            access: AccessFlags::empty(),
-            qkey: 0,
-            path_mtu: 1024,
-            sq_psn: 0,
-            min_rnr_timer: 12,
-            timeout: 14,
-            retry_cnt: 7,
-            rnr_retry: 7,
-            max_rd_atomic: 1,
-            max_dest_rd_atomic: 1,
+            port_num: a.port_num,
+            pkey_index: a.pkey_index,
+            access: a.access,
+            qkey: a.qkey,
+            path_mtu: a.path_mtu,
+            sq_psn: a.sq_psn,
+            min_rnr_timer: a.min_rnr_timer,
+            timeout: a.timeout,
+            retry_cnt: a.retry_cnt,
+            rnr_retry: a.rnr_retry,
+            max_rd_atomic: a.max_rd_atomic,
+            max_dest_rd_atomic: a.max_dest_rd_atomic,
         }
     }
 }
