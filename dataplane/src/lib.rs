@@ -17,6 +17,7 @@
 
 pub mod conn;
 pub mod mem;
+pub mod net;
 pub mod pipeline;
 pub mod provider;
 #[cfg(target_os = "linux")]

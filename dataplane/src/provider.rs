@@ -9,8 +9,9 @@
 //! PD alive, an MR keeps its PD and memory alive, so no handle can outlive what it points into.
 
 use crate::verbs::{
-    AccessFlags, AhAttr, AhHandle, AsyncEvent, ConnectOpts, DeviceCaps, Endpoint, Errno, Error, PeerAddr, PortAttr,
-    PostError, QpAttr, QpCaps, QpState, QpType, RecvChain, Result, SendChain, SrqAttr, SrqAttrMask, WorkCompletion,
+    AccessFlags, AhAttr, AhHandle, AsyncEvent, ConnectOpts, DeviceCaps, Endpoint, Errno, Error, FlowId, FlowSpec,
+    PeerAddr, PortAttr, PostError, QpAttr, QpCaps, QpState, QpType, RecvChain, Result, SendChain, SrqAttr, SrqAttrMask,
+    WorkCompletion,
 };
 use crate::verbs::{OpsChain, TmCaps};
 
@@ -216,6 +217,23 @@ pub trait Qp {
     /// Errors: `EINVAL` as for [`attach_mcast`](Self::attach_mcast), and for a group this QP
     /// is not attached to (what the kernel returns for rxe).
     fn detach_mcast(&mut self, gid: &[u8; 16], lid: u16) -> Result<()>;
+
+    /// Installs a steering rule on a RAW_PACKET QP (`ibv_create_flow(3)`): received frames that
+    /// match `spec` are delivered to this QP's receive queue.
+    ///
+    /// Errors: `EINVAL` on a QP that is not RAW_PACKET; `ENOMEM` when the rule table is full;
+    /// `EOPNOTSUPP` where the provider or device has no flow steering (the default).
+    fn create_flow(&mut self, spec: &FlowSpec) -> Result<FlowId> {
+        let _ = spec;
+        Err(Error::new(Errno::EOPNOTSUPP, format!("QP {:#x}: this provider has no flow steering", self.qp_num())))
+    }
+    /// Removes a rule installed by [`create_flow`](Self::create_flow) (`ibv_destroy_flow(3)`).
+    ///
+    /// Errors: `EINVAL` for a rule this QP does not own; `EOPNOTSUPP` as for `create_flow`.
+    fn destroy_flow(&mut self, id: FlowId) -> Result<()> {
+        let _ = id;
+        Err(Error::new(Errno::EOPNOTSUPP, format!("QP {:#x}: this provider has no flow steering", self.qp_num())))
+    }
 
     /// Connects an RC or UC QP to `peer` and makes it ready to send: RESET → INIT (port,
     /// P_Key, access of `opts`) → RTR (the peer's QPN, PSN and route; MTU and RNR timer of

@@ -1039,6 +1039,7 @@ impl RdmaQp {
             QpType::Rc => sys::IBV_QPT_RC,
             QpType::Uc => sys::IBV_QPT_UC,
             QpType::Ud => sys::IBV_QPT_UD,
+            QpType::RawPacket => sys::IBV_QPT_RAW_PACKET,
         };
         let mut ia = sys::ibv_qp_init_attr {
             qp_context: ptr::null_mut(),

@@ -49,24 +49,28 @@ impl WrOpcode {
 
     /// Whether the seed table of `ibv_post_send(3)` allows this opcode on this QP type.
     ///
-    /// | opcode | UD | UC | RC | XRC_SEND |
-    /// |---|---|---|---|---|
-    /// | SEND | X | X | X | X |
-    /// | SEND_WITH_IMM | X | X | X | X |
-    /// | RDMA_WRITE, RDMA_WRITE_WITH_IMM |  | X | X | X |
-    /// | RDMA_READ, atomics |  |  | X | X |
-    /// | LOCAL_INV, BIND_MW, SEND_WITH_INV |  | X | X | X |
-    /// | TSO | X |  |  |  |
+    /// | opcode | UD | UC | RC | XRC_SEND | RAW_PACKET |
+    /// |---|---|---|---|---|---|
+    /// | SEND | X | X | X | X | X |
+    /// | SEND_WITH_IMM | X | X | X | X |  |
+    /// | RDMA_WRITE, RDMA_WRITE_WITH_IMM |  | X | X | X |  |
+    /// | RDMA_READ, atomics |  |  | X | X |  |
+    /// | LOCAL_INV, BIND_MW, SEND_WITH_INV |  | X | X | X |  |
+    /// | TSO | X |  |  |  | X |
+    ///
+    /// RAW_PACKET takes SEND (with or without `IBV_SEND_IP_CSUM`) and TSO only. XRC_SEND QPs do
+    /// not exist in the model yet (issue 17).
     pub fn allowed_on(self, qp_type: QpType) -> bool {
         use QpType::*;
         use WrOpcode::*;
         match self {
-            Send | SendWithImm => true,
+            Send => true,
+            SendWithImm => !matches!(qp_type, RawPacket),
             RdmaWrite | RdmaWriteWithImm | LocalInv | BindMw | SendWithInv => {
                 matches!(qp_type, Uc | Rc)
             }
             RdmaRead | AtomicCmpAndSwp | AtomicFetchAndAdd => matches!(qp_type, Rc),
-            Tso => matches!(qp_type, Ud),
+            Tso => matches!(qp_type, Ud | RawPacket),
         }
     }
 
@@ -216,18 +220,18 @@ mod tests {
     #[test]
     fn seed_table_rows() {
         use QpType::*;
-        let allowed = |op: WrOpcode| [Ud, Uc, Rc].map(|t| op.allowed_on(t));
-        assert_eq!(allowed(WrOpcode::Send), [true, true, true]);
-        assert_eq!(allowed(WrOpcode::SendWithImm), [true, true, true]);
-        assert_eq!(allowed(WrOpcode::RdmaWrite), [false, true, true]);
-        assert_eq!(allowed(WrOpcode::RdmaWriteWithImm), [false, true, true]);
-        assert_eq!(allowed(WrOpcode::RdmaRead), [false, false, true]);
-        assert_eq!(allowed(WrOpcode::AtomicCmpAndSwp), [false, false, true]);
-        assert_eq!(allowed(WrOpcode::AtomicFetchAndAdd), [false, false, true]);
-        assert_eq!(allowed(WrOpcode::LocalInv), [false, true, true]);
-        assert_eq!(allowed(WrOpcode::BindMw), [false, true, true]);
-        assert_eq!(allowed(WrOpcode::SendWithInv), [false, true, true]);
-        assert_eq!(allowed(WrOpcode::Tso), [true, false, false]);
+        let allowed = |op: WrOpcode| [Ud, Uc, Rc, RawPacket].map(|t| op.allowed_on(t));
+        assert_eq!(allowed(WrOpcode::Send), [true, true, true, true]);
+        assert_eq!(allowed(WrOpcode::SendWithImm), [true, true, true, false]);
+        assert_eq!(allowed(WrOpcode::RdmaWrite), [false, true, true, false]);
+        assert_eq!(allowed(WrOpcode::RdmaWriteWithImm), [false, true, true, false]);
+        assert_eq!(allowed(WrOpcode::RdmaRead), [false, false, true, false]);
+        assert_eq!(allowed(WrOpcode::AtomicCmpAndSwp), [false, false, true, false]);
+        assert_eq!(allowed(WrOpcode::AtomicFetchAndAdd), [false, false, true, false]);
+        assert_eq!(allowed(WrOpcode::LocalInv), [false, true, true, false]);
+        assert_eq!(allowed(WrOpcode::BindMw), [false, true, true, false]);
+        assert_eq!(allowed(WrOpcode::SendWithInv), [false, true, true, false]);
+        assert_eq!(allowed(WrOpcode::Tso), [true, false, false, true]);
     }
 
     #[test]

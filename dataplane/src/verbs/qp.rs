@@ -13,6 +13,9 @@ pub enum QpType {
     Uc = 3,
     /// Unreliable datagram.
     Ud = 4,
+    /// Raw Ethernet frames (`IBV_QPT_RAW_PACKET`): SEND only, receives are whole frames at
+    /// offset 0 of the buffer (no GRH), steered to the QP by flow rules ([`crate::verbs::FlowSpec`]).
+    RawPacket = 8,
 }
 
 impl QpType {
@@ -22,6 +25,7 @@ impl QpType {
             2 => Some(QpType::Rc),
             3 => Some(QpType::Uc),
             4 => Some(QpType::Ud),
+            8 => Some(QpType::RawPacket),
             _ => None,
         }
     }

@@ -108,20 +108,23 @@ fn wr_for<H: Harness>(op: WrOpcode, wr_id: u64, remote: (u64, u32), ud: Option<(
     wr
 }
 
-/// The seed's opcode table (UD, UC, RC columns), written out independently of the model.
+/// The seed's opcode table (UD, UC, RC and RAW_PACKET columns), written out independently of
+/// the model.
 fn seed_table_allows(op: WrOpcode, t: QpType) -> bool {
     use WrOpcode::*;
-    let (ud, uc, rc) = match op {
-        Send | SendWithImm => (true, true, true),
-        RdmaWrite | RdmaWriteWithImm => (false, true, true),
-        RdmaRead | AtomicCmpAndSwp | AtomicFetchAndAdd => (false, false, true),
-        LocalInv | BindMw | SendWithInv => (false, true, true),
-        Tso => (true, false, false),
+    let (ud, uc, rc, raw) = match op {
+        Send => (true, true, true, true),
+        SendWithImm => (true, true, true, false),
+        RdmaWrite | RdmaWriteWithImm => (false, true, true, false),
+        RdmaRead | AtomicCmpAndSwp | AtomicFetchAndAdd => (false, false, true, false),
+        LocalInv | BindMw | SendWithInv => (false, true, true, false),
+        Tso => (true, false, false, true),
     };
     match t {
         QpType::Ud => ud,
         QpType::Uc => uc,
         QpType::Rc => rc,
+        QpType::RawPacket => raw,
     }
 }
 
