@@ -386,6 +386,13 @@ fn build<P: Provider>(
             let addr: PeerAddr = route.to(&ep);
             workers[wi].connect_to(pd, i, &addr).map_err(|e| format!("qp {}: connect to {peer}: {e}", *q.name))?;
         }
+        if let Some(Peer::Group(gid)) = q.peer() {
+            let addr = PeerAddr::mcast_group(gid, 1, route.gid_index);
+            let group = std::net::Ipv6Addr::from(gid);
+            workers[wi]
+                .connect_to(pd, i, &addr)
+                .map_err(|e| format!("qp {}: send to multicast group {group}: {e}", *q.name))?;
+        }
     }
 
     // Stages: indices first (links refer forward), then handlers.

@@ -492,6 +492,9 @@ pub enum Peer<'a> {
         /// TCP port.
         port: u16,
     },
+    /// UD only: a multicast group (an IPv6 address in `ff00::/8`, e.g. `"ff0e::1:1"`); every
+    /// message goes to the group's members (remote QPN 0xFFFFFF), one copy each.
+    Group([u8; 16]),
 }
 
 /// `[[qps]]`: a queue pair owned by one worker, connected to a peer.
@@ -538,7 +541,9 @@ pub struct QpConfig {
     /// same fabric), or `"host:port"` of the remote side's out-of-band TCP exchange
     /// (`"[::1]:7000"` for IPv6; its QP has `listen` on that address; the connection is
     /// retried for 30 s). An RC QP needs a peer or `listen` (a local peer is symmetric: the
-    /// named QP must name this one back); for UD it is the destination of every send.
+    /// named QP must name this one back); for UD it is the destination of every send, and may
+    /// be a multicast group written as an IPv6 address in `ff00::/8` (`peer = "ff0e::1:1"`):
+    /// every message then reaches each QP that joined the group (`mcast`).
     /// Default: absent.
     #[serde(default)]
     pub peer: Option<Located<String>>,
@@ -618,6 +623,12 @@ impl QpConfig {
 
 /// Parses a `peer` value: `"host:port"` (contains `:`) or a local QP name.
 pub(crate) fn parse_peer(text: &str) -> Result<Peer<'_>, String> {
+    // A bare IPv6 multicast address is a group, not "host:port" (it has colons too).
+    if let Ok(addr) = text.parse::<std::net::Ipv6Addr>() {
+        if addr.is_multicast() {
+            return Ok(Peer::Group(addr.octets()));
+        }
+    }
     let Some((host, port)) = text.rsplit_once(':') else {
         return Ok(Peer::Local(text));
     };
@@ -640,6 +651,7 @@ pub(crate) fn parse_listen(text: &str) -> Result<(&str, u16), String> {
     match parse_peer(text)? {
         Peer::Remote { host, port } => Ok((host, port)),
         Peer::Local(_) => Err(format!("listen address `{}` has no port", text.escape_debug())),
+        Peer::Group(_) => Err(format!("listen address `{}` is a multicast group", text.escape_debug())),
     }
 }
 

@@ -1007,6 +1007,17 @@ impl<'a> Validator<'a> {
                 Some("write a qp name, or \"host:port\" (\"[::1]:7000\" for IPv6)".into()),
             ),
             Ok(Peer::Remote { .. }) => {}
+            Ok(Peer::Group(_)) => {
+                if *q.transport != Transport::Ud {
+                    self.push(
+                        ErrorKind::Invalid,
+                        peer.span.clone(),
+                        field,
+                        format!("rc qp `{}` has a multicast group as its peer (`{}`)", q.name, peer.as_str()),
+                        Some("only a ud qp sends to a multicast group: set transport = \"ud\"".into()),
+                    );
+                }
+            }
             Ok(Peer::Local(name)) => {
                 if name == q.name.as_str() {
                     self.push(

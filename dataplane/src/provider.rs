@@ -152,9 +152,11 @@ fn in_step(e: Error, step: &str) -> Error {
     Error::new(e.errno, format!("{step}: {}", e.msg))
 }
 
-/// Whether `gid` is a multicast GID (`ff00::/8`, the first byte `0xff`).
+/// Whether `gid` is a multicast GID: `ff00::/8`, or an IPv4-mapped multicast address
+/// (`::ffff:224.0.0.0/4`, RoCE v2 over IPv4), as the kernel's `rdma_is_multicast_addr`.
 pub fn is_mcast_gid(gid: &[u8; 16]) -> bool {
-    gid[0] == 0xff
+    let v4_mapped = gid[..10] == [0; 10] && gid[10..12] == [0xff, 0xff];
+    gid[0] == 0xff || (v4_mapped && gid[12] & 0xf0 == 0xe0)
 }
 
 /// The checks every provider makes before `attach_mcast`/`detach_mcast`, those the kernel
@@ -170,7 +172,10 @@ pub fn check_mcast_attach(verb: &str, qpn: u32, qp_type: QpType, gid: &[u8; 16])
     if !is_mcast_gid(gid) {
         return Err(Error::new(
             Errno::EINVAL,
-            format!("{verb}: {} is not a multicast GID (ff00::/8)", std::net::Ipv6Addr::from(*gid)),
+            format!(
+                "{verb}: {} is not a multicast GID (ff00::/8 or ::ffff:224.0.0.0/4)",
+                std::net::Ipv6Addr::from(*gid)
+            ),
         ));
     }
     Ok(())

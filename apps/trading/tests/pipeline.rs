@@ -30,7 +30,34 @@ fn pipeline(extra: &str, reliable: bool) -> String {
         .replace("core = 0\n", "core = 0\nidle = \"backoff\"\n")
         .replace("core = 1\n", "core = 1\nidle = \"backoff\"\n")
         .replace("transport = \"ud\"", if reliable { "transport = \"rc\"" } else { "transport = \"ud\"" })
+        // Over RC the feed has one subscriber, connected: the multicast group becomes a pair.
+        .replace("peer = \"ff0e::1:1\"", if reliable { "peer = \"md-sub\"" } else { "peer = \"ff0e::1:1\"" })
+        .replace("mcast = \"ff0e::1:1\"", if reliable { "peer = \"md-pub\"" } else { "mcast = \"ff0e::1:1\"" })
 }
+
+/// A second subscriber on the trader's worker: its own QP joined to the feed's group and its
+/// own book, whose output is discarded.
+const SECOND_SUBSCRIBER: &str = r#"
+[[qps]]
+name = "md-sub2"
+worker = "trader"
+transport = "ud"
+mcast = "ff0e::1:1"
+
+[[stages]]
+name = "book2"
+worker = "trader"
+kind = "itch-book"
+input = "md-sub2"
+output = "drop2"
+params = { instruments = 8, max_orders = 16384 }
+
+[[stages]]
+name = "drop2"
+worker = "trader"
+kind = "sink"
+input = "book2"
+"#;
 
 fn run(text: &str, tag: &str) -> RunReport {
     let reg = stages::registry().unwrap();
@@ -79,6 +106,25 @@ fn books_equal_the_offline_rebuild_and_gaps_are_counted_exactly() {
     books_equal_the_offline_rebuild();
     dropped_sequence_numbers_are_counted_exactly();
     over_ud_every_message_is_applied_or_counted_missing();
+    two_subscribers_of_the_group_each_get_the_whole_feed();
+}
+
+/// Multicast: the feed sends each packet once, to group ff0e::1:1; both subscriber QPs joined
+/// it and each gets its own copy. Each book accounts for every message (applied or a gap), and
+/// a book that missed nothing equals the offline rebuild.
+fn two_subscribers_of_the_group_each_get_the_whole_feed() {
+    let r = run(&(pipeline("", false) + SECOND_SUBSCRIBER), "mcast2");
+    assert_eq!(r.pools.iter().map(|p| p.leaked).sum::<usize>(), 0);
+    let sent = r.workers.iter().flat_map(|w| &w.qps).find(|q| q.name == "md-pub").unwrap().tx_msgs;
+    for (book, qp) in [("book", "md-sub"), ("book2", "md-sub2")] {
+        let (applied, missing) = (value(&r, book, "itch_applied"), gaps(&r, book));
+        assert!(applied + missing <= MESSAGES && applied > MESSAGES / 2, "{book}: applied {applied} + gaps {missing}");
+        let got = r.workers.iter().flat_map(|w| &w.qps).find(|q| q.name == qp).unwrap().rx_msgs;
+        assert!(got > sent / 2 && got <= sent, "{qp} received {got} of {sent} packets");
+        if missing == 0 && applied == MESSAGES {
+            assert_eq!(value(&r, book, "book_digest"), offline_digest(), "{book}");
+        }
+    }
 }
 
 fn books_equal_the_offline_rebuild() {

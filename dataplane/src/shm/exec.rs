@@ -691,6 +691,9 @@ fn exec_wr(f: &Fabric, st: &mut SqState, wr: &SendWr, src: &[Seg], total: u64) -
 }
 
 fn exec_ud(f: &Fabric, st: &mut SqState, wr: &SendWr, src: &[Seg], total: u64) -> Outcome {
+    if wr.ud.ah.0 & AH_MCAST != 0 {
+        return exec_mcast(f, st, wr, src, total);
+    }
     let dropped = Outcome::Done(WcStatus::Success, 0);
     let sender = Sender::of(st);
     let Some(d) = dest(f, &mut st.dest, wr.ud.remote_qpn) else { return dropped };
@@ -702,20 +705,85 @@ fn exec_ud(f: &Fabric, st: &mut SqState, wr: &SendWr, src: &[Seg], total: u64) -
         return dropped;
     }
     let global = wr.ud.ah.0 & AH_GLOBAL != 0;
-    let grh = global.then(|| {
-        let mut g = [0u8; GRH_LEN];
-        g[0] = 0x60; // IPv6-style version 6, traffic class and flow label 0
-        g[4..6].copy_from_slice(&(total as u16).to_be_bytes());
-        g[6] = 0x1b; // next header: IBA transport
-        g[7] = 64; // hop limit
-        g[8..24].copy_from_slice(&gid(f.fabric_id(), st.lid));
-        g[24..40].copy_from_slice(&gid(f.fabric_id(), (wr.ud.ah.0 & 0xffff) as u16));
-        g
-    });
+    let grh = global
+        .then(|| grh_bytes(total, &gid(f.fabric_id(), st.lid), &gid(f.fabric_id(), (wr.ud.ah.0 & 0xffff) as u16)));
     let _ = d.lid;
     deliver(f, sender, &mut st.rx, d, wr, src, total, &Some(grh), true)
 }
 
+/// The 40-byte GRH a UD receiver finds before the payload: version 6, payload length, next
+/// header "IBA transport", hop limit 64, source and destination GIDs.
+fn grh_bytes(total: u64, sgid: &[u8; 16], dgid: &[u8; 16]) -> [u8; GRH_LEN] {
+    let mut g = [0u8; GRH_LEN];
+    g[0] = 0x60; // IPv6-style version 6, traffic class and flow label 0
+    g[4..6].copy_from_slice(&(total as u16).to_be_bytes());
+    g[6] = 0x1b; // next header: IBA transport
+    g[7] = 64; // hop limit
+    g[8..24].copy_from_slice(sgid);
+    g[24..40].copy_from_slice(dgid);
+    g
+}
+
+/// A send queue's cached view of the members of the multicast group it last sent to.
+pub(crate) struct McastDests {
+    grp: usize,
+    gen: u32,
+    dests: Vec<DestView>,
+    scratch: Vec<u32>,
+}
+
+/// A UD send to a multicast group (an address handle made for a multicast GID, remote QPN
+/// 0xFFFFFF): one copy to every QP attached to the group, each consuming its own receive and
+/// finding a GRH whose destination is the group's GID; the sender's own QP gets a copy when it
+/// is attached too (NICs loop multicast back unless told not to). A member that is not ready,
+/// has another Q_Key or no receive posted drops its copy, as for unicast UD; the sender always
+/// completes with success. Out of line: unicast UD and RC/UC never come here.
+#[cold]
+#[inline(never)]
+fn exec_mcast(f: &Fabric, st: &mut SqState, wr: &SendWr, src: &[Seg], total: u64) -> Outcome {
+    let done = Outcome::Done(WcStatus::Success, 0);
+    // IB multicast packets carry DQPN 0xFFFFFF; a multicast address handle with any other
+    // remote QPN reaches no QP.
+    if wr.ud.remote_qpn != MCAST_QPN {
+        return done;
+    }
+    let grp = ((wr.ud.ah.0 >> 16) & 0xff) as usize;
+    if grp >= super::layout::MAX_MCAST_GRP {
+        return done;
+    }
+    let gen = super::mcast::gen(f, grp);
+    let mut cache = st.mcast.take().unwrap_or_else(|| McastDests {
+        grp,
+        gen: gen.wrapping_sub(1),
+        dests: Vec::new(),
+        scratch: Vec::new(),
+    });
+    if cache.grp != grp || cache.gen != gen {
+        cache.grp = grp;
+        cache.gen = super::mcast::snapshot(f, grp, &mut cache.scratch);
+        cache.dests.clear();
+        cache.dests.extend(cache.scratch.iter().filter_map(|&q| resolve_dest(f, q)));
+    }
+    let sender = Sender::of(st);
+    let grh = grh_bytes(total, &gid(f.fabric_id(), st.lid), &super::mcast::group_gid(f.mcast_slot(grp)));
+    let qkey = if wr.ud.remote_qkey & 0x8000_0000 != 0 { st.qkey } else { wr.ud.remote_qkey };
+    for d in &cache.dests {
+        let ds = f.qp_slot(d.idx);
+        if ds.qpn.load(Ordering::Acquire) != d.qpn {
+            continue; // destroyed since the list was read
+        }
+        let state = QpState::from_u8(ds.state.load(Ordering::Acquire) as u8).unwrap_or(QpState::Error);
+        if !state.receives() || d.qp_type != QpType::Ud || ds.qkey.load(Ordering::Relaxed) != qkey {
+            continue;
+        }
+        let _ = deliver(f, sender, &mut st.rx, d, wr, src, total, &Some(Some(grh)), true);
+    }
+    st.mcast = Some(cache);
+    done
+}
+
+/// Marks an AH handle naming a multicast group; bits 16..24 hold the group's slot.
+pub(crate) const AH_MCAST: u64 = 1 << 40;
 /// Marks an AH handle issued by the shm provider.
 pub(crate) const AH_VALID: u64 = 1 << 48;
 /// Marks an AH whose attributes ask for a GRH.

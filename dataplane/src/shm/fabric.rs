@@ -317,6 +317,10 @@ impl Fabric {
         assert!(idx < MAX_MR);
         self.table(TABLES.mr, idx)
     }
+    pub(crate) fn mcast_slot(&self, idx: usize) -> &McastSlot {
+        assert!(idx < MAX_MCAST_GRP);
+        self.table(TABLES.mcast, idx)
+    }
 
     /// Takes the control-path lock, stealing it from a dead holder. Fails with `ETIMEDOUT`
     /// and the remedy when a live process holds it for [`LOCK_PATIENCE`] (then

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64};
 /// "dpfabric" in ASCII.
 pub(crate) const MAGIC: u64 = 0x6470_6661_6272_6963;
 /// Layout version; a fabric of another version is refused.
-pub(crate) const VERSION: u32 = 1;
+pub(crate) const VERSION: u32 = 2;
 
 /// Contexts (attached "ports") per fabric.
 pub(crate) const MAX_CTX: usize = 64;
@@ -24,6 +24,10 @@ pub(crate) const MAX_CQ: usize = 1024;
 pub(crate) const MAX_SRQ: usize = 256;
 /// MRs per fabric (key = generation << 12 | index).
 pub(crate) const MAX_MR: usize = 4096;
+/// Multicast groups per fabric (`max_mcast_grp`).
+pub(crate) const MAX_MCAST_GRP: usize = 64;
+/// QPs attached to one multicast group (`max_mcast_qp_attach`).
+pub(crate) const MAX_MCAST_QP_ATTACH: usize = 32;
 /// Free-list entries of the arena allocator.
 pub(crate) const MAX_EXTENTS: usize = 1024;
 /// Entries in each context's async event ring.
@@ -148,6 +152,24 @@ pub(crate) struct MrSlot {
     pub kind: AtomicU32,
 }
 
+/// A multicast group: its GID and the QPNs attached to it. Written under the control-path
+/// lock; senders read it without the lock (`gen` tells them their cached member list is stale).
+#[repr(C, align(64))]
+pub(crate) struct McastSlot {
+    /// The group GID's first 8 bytes, big-endian; 0 = free slot (a multicast GID starts with
+    /// 0xff, so a group's is never 0). Stored last, with Release, when a group is created.
+    pub gid_hi: AtomicU64,
+    /// The GID's last 8 bytes, big-endian.
+    pub gid_lo: AtomicU64,
+    /// The MLID given at the first attach (kept for `dpctl`-style inspection; delivery matches
+    /// on the GID, as RoCE does).
+    pub mlid: AtomicU32,
+    /// Bumped (Release) after every change of `members`.
+    pub gen: AtomicU32,
+    /// Attached QPNs; 0 = empty cell.
+    pub members: [AtomicU32; MAX_MCAST_QP_ATTACH],
+}
+
 /// MR and MW keys: generation (12 bits), slot index (12 bits), and the low 8 "key" bits that
 /// consumers may change when rebinding a window (`ibv_inc_rkey`).
 pub(crate) fn mr_key(gen: u32, idx: usize, key8: u8) -> u32 {
@@ -181,6 +203,7 @@ pub(crate) struct Tables {
     pub cq: usize,
     pub srq: usize,
     pub mr: usize,
+    pub mcast: usize,
     pub end: usize,
 }
 
@@ -194,8 +217,9 @@ pub(crate) const fn tables() -> Tables {
     let cq = align(qp + MAX_QP * std::mem::size_of::<QpSlot>(), 4096);
     let srq = align(cq + MAX_CQ * std::mem::size_of::<CqSlot>(), 4096);
     let mr = align(srq + MAX_SRQ * std::mem::size_of::<SrqSlot>(), 4096);
-    let end = align(mr + MAX_MR * std::mem::size_of::<MrSlot>(), 2 << 20);
-    Tables { ctx, qp, cq, srq, mr, end }
+    let mcast = align(mr + MAX_MR * std::mem::size_of::<MrSlot>(), 4096);
+    let end = align(mcast + MAX_MCAST_GRP * std::mem::size_of::<McastSlot>(), 2 << 20);
+    Tables { ctx, qp, cq, srq, mr, mcast, end }
 }
 
 /// The table offsets, computed once at compile time.
@@ -224,7 +248,11 @@ mod tests {
         assert_eq!(std::mem::size_of::<SrqSlot>(), 64);
         assert_eq!(std::mem::size_of::<MrSlot>(), 64);
         assert_eq!(std::mem::size_of::<CtxSlot>(), 64);
+        assert_eq!(std::mem::size_of::<McastSlot>(), 192);
         let t = tables();
         assert!(t.end <= 4 << 20, "tables take {} bytes", t.end);
+        // apps/src/bin/shm-vandal.rs mirrors these offsets (and VERSION): change both together.
+        assert_eq!((t.qp, t.cq, t.srq, t.mr, t.end), (24_576, 286_720, 352_256, 368_640, 2 << 20));
+        assert_eq!(t.mcast, 630_784);
     }
 }

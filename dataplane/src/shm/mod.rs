@@ -265,6 +265,10 @@ impl crate::Pd<Shm> for ShmPd {
         let mut h = exec::AH_VALID | attr.dlid as u64;
         if attr.is_global {
             h |= exec::AH_GLOBAL;
+            if crate::provider::is_mcast_gid(&attr.dgid) {
+                let grp = mcast::group_for_ah(&self.inner.ctx.fabric, &attr.dgid, attr.dlid)?;
+                h |= exec::AH_MCAST | (grp as u64) << 16;
+            }
         }
         Ok(ShmAh { handle: AhHandle(h) })
     }

@@ -143,6 +143,8 @@ pub(crate) struct SqState {
     /// This send queue's own cell, for the process-wide waiting list.
     me: Weak<SqCell>,
     pub(crate) dest: Option<super::exec::DestView>,
+    /// Members of the multicast group last sent to (UD only; built on the first such send).
+    pub(crate) mcast: Option<super::exec::McastDests>,
     /// Scratch receive entry (kept here to stay off the stack in the hot path).
     pub(crate) rx: RecvEntry,
 }
@@ -489,6 +491,7 @@ impl ShmQp {
             registered_pending: false,
             me: Weak::new(),
             dest: None,
+            mcast: None,
             rx: RecvEntry::default(),
         };
         let sq = Arc::new_cyclic(|me| {
@@ -543,6 +546,9 @@ impl Drop for ShmQp {
                 s.state.store(QpState::Reset as u32, Ordering::Release);
                 s.qpn.store(0, Ordering::Release);
             }
+            if self.qp_type == QpType::Ud {
+                super::mcast::detach_all(&f, self.qpn);
+            }
             drop(l);
         }
         if let Some((_, off, len)) = self.rq {
@@ -564,11 +570,11 @@ impl crate::provider::Qp for ShmQp {
     }
 
     fn attach_mcast(&mut self, gid: &[u8; 16], lid: u16) -> Result<()> {
-        super::mcast::attach(self.qpn, self.qp_type, gid, lid)
+        super::mcast::attach(&self.pd.ctx.fabric, self.qpn, self.qp_type, gid, lid)
     }
 
     fn detach_mcast(&mut self, gid: &[u8; 16], lid: u16) -> Result<()> {
-        super::mcast::detach(self.qpn, self.qp_type, gid, lid)
+        super::mcast::detach(&self.pd.ctx.fabric, self.qpn, self.qp_type, gid, lid)
     }
 
     fn qp_type(&self) -> QpType {

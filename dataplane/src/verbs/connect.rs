@@ -20,6 +20,17 @@ pub struct PeerAddr {
 }
 
 impl PeerAddr {
+    /// The address of multicast group `gid` (a GID in `ff00::/8`), sent to from local `port`
+    /// with GID `sgid_index`: a global route to the group and the multicast QPN 0xFFFFFF, so
+    /// each send reaches every QP attached to the group (`Qp::attach_mcast`).
+    pub fn mcast_group(gid: [u8; 16], port: u8, sgid_index: u8) -> PeerAddr {
+        PeerAddr {
+            qpn: MCAST_QPN,
+            psn: 0,
+            ah: AhAttr { is_global: true, dgid: gid, sgid_index, hop_limit: 64, port_num: port, ..Default::default() },
+        }
+    }
+
     /// The address of the QP at `ep`, reached from local `port` with GID `sgid_index`: global
     /// when the peer has a GID (RoCE needs it; hop limit 64 so routed RoCE v2 works too), by
     /// LID otherwise (InfiniBand), as rdma-core's pingpongs build it.
@@ -94,3 +105,6 @@ impl Default for ConnectOpts {
         }
     }
 }
+
+/// The destination QPN of a multicast send (IB: DQPN 0xFFFFFF).
+pub const MCAST_QPN: u32 = 0x00ff_ffff;

@@ -18,7 +18,7 @@ mod wc;
 mod wr;
 
 pub use access::AccessFlags;
-pub use connect::{ConnectOpts, PeerAddr};
+pub use connect::{ConnectOpts, PeerAddr, MCAST_QPN};
 pub use device::{AsyncEvent, AsyncEventKind, DeviceCaps, PortAttr, PortState};
 pub use error::{Errno, Error, PostError, Result};
 pub use flow::{FlowId, FlowSpec};

@@ -88,4 +88,6 @@ suite!(ShmHarness;
     post_list_with_a_receive_too_small_fails_as_one_by_one,
     mcast_attach_non_ud_or_unicast_gid_einval,
     mcast_attach_any_state_twice_then_detach,
+    mcast_send_reaches_every_member,
+    mcast_detach_stops_delivery,
 );

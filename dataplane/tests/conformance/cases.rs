@@ -2137,3 +2137,86 @@ pub fn mcast_attach_any_state_twice_then_detach<H: Harness>(t: &str) {
     q.detach_mcast(&MGID, 0xc001).expect("detach in RTS");
     assert_eq!(q.detach_mcast(&MGID, 0xc001).unwrap_err().errno, Errno::EINVAL, "detach of a group not attached");
 }
+
+/// A UD QP at RTS attached to the harness's multicast group, with one receive of `len` bytes posted at `off`.
+fn mcast_member<H: Harness>(node: &Node<H>, off: usize, len: u32) -> QpOf<H> {
+    let mut q = node.qp(QpType::Ud, QpCaps::default(), None, false);
+    ud_ready(&mut q, QKEY);
+    q.attach_mcast(&H::mcast_gid(), 0xc001).expect("attach_mcast");
+    recv::<H>(&mut q, node, off as u64, off, len);
+    q
+}
+
+/// An address handle on `from` naming the harness's multicast group (global: a multicast GID needs a GRH).
+fn mcast_ah<H: Harness>(from: &Node<H>) -> AhOf<H> {
+    from.pd
+        .create_ah(&AhAttr {
+            dlid: 0xc001,
+            is_global: true,
+            dgid: H::mcast_gid(),
+            port_num: 1,
+            hop_limit: 64,
+            ..Default::default()
+        })
+        .expect("create_ah for a multicast GID")
+}
+
+/// ibv_attach_mcast(3): after attaching, "the QP will receive messages sent to the multicast
+/// group". One UD send to the group (remote QPN 0xFFFFFF, the IB multicast QPN) reaches each
+/// of two attached QPs — each consumes its own receive and finds a GRH whose source is the
+/// sender's GID and whose destination is the group's — and not a QP of the same port that did
+/// not attach. The sender completes once.
+pub fn mcast_send_reaches_every_member<H: Harness>(t: &str) {
+    let mut a = Node::<H>::open(t, 0);
+    let mut b = Node::<H>::open(t, 1);
+    let mut qa = a.qp(QpType::Ud, QpCaps::default(), None, false);
+    ud_ready(&mut qa, QKEY);
+    let m1 = mcast_member::<H>(&b, RX, 40 + 256);
+    let m2 = mcast_member::<H>(&b, RX + 4096, 40 + 256);
+    let mut outsider = b.qp(QpType::Ud, QpCaps::default(), None, false);
+    ud_ready(&mut outsider, QKEY);
+    recv::<H>(&mut outsider, &b, 3, RX + 8192, 40 + 256);
+    let ah = mcast_ah::<H>(&a);
+    let data = pattern(21, 200);
+    a.write(0, &data);
+    qa.post_send(&SendChain::one(ud_send_wr::<H>(&ah, 0xff_ffff, QKEY, 7), &[a.sge(0, 200)])).unwrap();
+    assert_eq!(poll_one(&mut a.scq).status, WcStatus::Success);
+    let mut got = poll_n(&mut b.rcq, 2);
+    got.sort_by_key(|w| w.wr_id);
+    let members = [(RX, m1.qp_num()), (RX + 4096, m2.qp_num())];
+    for (w, (off, qpn)) in got.iter().zip(members) {
+        assert_eq!((w.status, w.opcode, w.byte_len), (WcStatus::Success, WcOpcode::Recv, 240), "{w:?}");
+        assert_eq!((w.wr_id, w.qp_num, w.src_qp), (off as u64, qpn, qa.qp_num()), "{w:?}");
+        assert!(w.wc_flags.contains(WcFlags::GRH));
+        assert_eq!(b.read(off + 40, 200), data, "payload at {off}");
+        assert_eq!(b.read(off + 8, 16), a.ctx.gid(1, H::gid_index()).unwrap(), "GRH source GID");
+        assert_eq!(b.read(off + 24, 16), H::mcast_gid(), "GRH destination GID is the group's");
+    }
+    assert_no_completion(&mut b.rcq);
+}
+
+/// ibv_detach_mcast(3): after detaching, the QP no longer receives the group's messages; the
+/// members still attached do. A QP that is destroyed leaves its groups too.
+pub fn mcast_detach_stops_delivery<H: Harness>(t: &str) {
+    let mut a = Node::<H>::open(t, 0);
+    let mut b = Node::<H>::open(t, 1);
+    let mut qa = a.qp(QpType::Ud, QpCaps::default(), None, false);
+    ud_ready(&mut qa, QKEY);
+    let mut leaver = mcast_member::<H>(&b, RX, 40 + 64);
+    let stayer = mcast_member::<H>(&b, RX + 4096, 40 + 64);
+    let gone = mcast_member::<H>(&b, RX + 8192, 40 + 64);
+    leaver.detach_mcast(&H::mcast_gid(), 0xc001).expect("detach_mcast");
+    drop(gone);
+    let ah = mcast_ah::<H>(&a);
+    qa.post_send(&SendChain::one(ud_send_wr::<H>(&ah, 0xff_ffff, QKEY, 1), &[a.sge(0, 64)])).unwrap();
+    assert_eq!(poll_one(&mut a.scq).status, WcStatus::Success);
+    let w = poll_one(&mut b.rcq);
+    assert_eq!((w.status, w.qp_num, w.wr_id), (WcStatus::Success, stayer.qp_num(), (RX + 4096) as u64));
+    assert_no_completion(&mut b.rcq);
+    // The leaver's receive is still posted: a unicast send to it lands there.
+    let uah = ah_to::<H>(&a, &leaver.endpoint(H::gid_index()).unwrap(), true).expect("create_ah");
+    qa.post_send(&SendChain::one(ud_send_wr::<H>(&uah, leaver.qp_num(), QKEY, 2), &[a.sge(0, 64)])).unwrap();
+    assert_eq!(poll_one(&mut a.scq).status, WcStatus::Success);
+    let w = poll_one(&mut b.rcq);
+    assert_eq!((w.qp_num, w.wr_id), (leaver.qp_num(), RX as u64));
+}

@@ -18,6 +18,11 @@ pub trait Harness: 'static {
     }
     /// Why a case cannot pass on this provider, if it cannot (printed; the case is then not
     /// run and says so by name).
+    /// The multicast group the mcast cases use: ff0e::1:1 by default; RoCE v2 over IPv4 (the
+    /// rdma harness's GID index 1) needs an IPv4-mapped group.
+    fn mcast_gid() -> [u8; 16] {
+        [0xff, 0x0e, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 1]
+    }
     fn unsupported(_case: &str) -> Option<&'static str> {
         None
     }

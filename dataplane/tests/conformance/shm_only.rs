@@ -338,3 +338,20 @@ fn zero_length_recv_sge_refusal_names_the_2g_reading() {
     let e = qb.post_recv(&RecvChain::one(2, &[long])).expect_err("an SGE past its MR");
     assert_eq!(e.reason, "SGE outside its memory region", "{e}");
 }
+
+/// The shm fabric's multicast limits (docs/shm-provider.md, "Multicast"): 32 QPs per group,
+/// the 33rd attach is ENOMEM naming the limit; a detach frees a place.
+#[test]
+fn mcast_group_holds_32_qps_then_enomem() {
+    const MGID: [u8; 16] = [0xff, 0x0e, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x42, 0, 1];
+    let a = Node::<ShmHarness>::open("mcast-limit", 0);
+    let mut qps: Vec<_> = (0..33).map(|_| a.qp(QpType::Ud, QpCaps::default(), None, false)).collect();
+    for q in &mut qps[..32] {
+        q.attach_mcast(&MGID, 0).expect("attach within the limit");
+    }
+    let e = qps[32].attach_mcast(&MGID, 0).unwrap_err();
+    assert_eq!(e.errno, Errno::ENOMEM);
+    assert!(e.msg.contains("max_mcast_qp_attach"), "{e}");
+    qps[0].detach_mcast(&MGID, 0).unwrap();
+    qps[32].attach_mcast(&MGID, 0).expect("a detach frees a place");
+}
