@@ -1004,6 +1004,22 @@ pub struct RdmaQp {
     state: QpState,
     send: SendScratch,
     recv: RecvScratch,
+    /// Groups this QP is attached to (GID, MLID): detached before the QP is destroyed, since
+    /// the kernel refuses to destroy an attached QP (EBUSY).
+    mcast: Vec<([u8; 16], u16)>,
+}
+
+impl Drop for RdmaQp {
+    fn drop(&mut self) {
+        for (gid, lid) in std::mem::take(&mut self.mcast) {
+            let g = sys::ibv_gid { raw: gid };
+            // SAFETY: the QP is live (its Arc is held by self); `g` outlives the call.
+            let rc = unsafe { (self.ctx().v.detach_mcast)(self.inner.qp.as_ptr(), &g, lid) };
+            if rc != 0 {
+                tracing::warn!(rc, "ibv_detach_mcast before destroying the QP failed");
+            }
+        }
+    }
 }
 
 fn too_big(what: &str, v: u32, cap: &str, max: u32) -> Error {
@@ -1090,6 +1106,7 @@ impl RdmaQp {
             state: QpState::Reset,
             send: SendScratch::new(pre, pre * granted.max_send_sge.max(1) as usize),
             recv: RecvScratch::new(pre_r, pre_r * granted.max_recv_sge.max(1) as usize),
+            mcast: Vec::new(),
         })
     }
 
@@ -1175,6 +1192,9 @@ impl crate::Qp for RdmaQp {
         if rc != 0 {
             return Err(rc_err("ibv_attach_mcast", rc));
         }
+        if !self.mcast.contains(&(*gid, lid)) {
+            self.mcast.push((*gid, lid));
+        }
         Ok(())
     }
 
@@ -1186,6 +1206,7 @@ impl crate::Qp for RdmaQp {
         if rc != 0 {
             return Err(rc_err("ibv_detach_mcast", rc));
         }
+        self.mcast.retain(|m| *m != (*gid, lid));
         Ok(())
     }
 
