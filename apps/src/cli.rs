@@ -32,7 +32,6 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use dataplane_config::{Config, HumanDuration};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 #[derive(Parser, Debug)]
 #[command(name = "dataplane", about = "Check or run a TOML dataplane pipeline")]
@@ -73,26 +72,6 @@ enum Cmd {
     },
     /// List the stage kinds this program knows, with their endpoints.
     Kinds,
-}
-
-static INTERRUPTED: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_sigint(_: libc::c_int) {
-    // Async-signal-safe: one atomic store.
-    INTERRUPTED.store(true, Ordering::Relaxed);
-}
-
-/// Ctrl-C and SIGTERM stop the run gracefully (drain, report, remove the stats segment).
-fn install_signals() {
-    // SAFETY: FFI; the handler only performs an atomic store, which is async-signal-safe, and
-    // the sigaction struct is fully initialized (zeroed, then the handler and mask set).
-    unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = on_sigint as extern "C" fn(libc::c_int) as usize;
-        libc::sigemptyset(&mut sa.sa_mask);
-        libc::sigaction(libc::SIGINT, &sa, std::ptr::null_mut());
-        libc::sigaction(libc::SIGTERM, &sa, std::ptr::null_mut());
-    }
 }
 
 /// The file, parsed and checked against the machine, `registry` and (on `shm`) the device's
@@ -144,9 +123,9 @@ pub fn main(registry: Registry) -> ExitCode {
                 }
             };
             let Ok(cfg) = load(&registry, &file) else { return ExitCode::from(1) };
-            install_signals();
+            crate::signals::install();
             let opts = runner::RunOptions { duration, doorbell_batch, fabric, no_pin, no_stats };
-            match runner::run(&cfg, &registry, &opts, &INTERRUPTED) {
+            match runner::run(&cfg, &registry, &opts, &crate::signals::STOP) {
                 Ok(r) => {
                     if json {
                         println!("{}", report::json(&r));

@@ -11,5 +11,6 @@ pub mod limits;
 pub mod logging;
 pub mod report;
 pub mod runner;
+pub mod signals;
 pub mod stages;
 pub mod stats;

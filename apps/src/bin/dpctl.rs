@@ -16,7 +16,7 @@
 
 use clap::{Args, Parser, Subcommand};
 use dataplane_apps::json::{number, string};
-use dataplane_apps::stats::read::{list, Listed, Segment, Snapshot};
+use dataplane_apps::stats::read::{list, stale_segments, Listed, Segment, Snapshot};
 use dataplane_apps::stats::view::View;
 use dataplane_apps::stats::{file_name, proc_start_ticks, stats_dir};
 use dataplane_apps::stats::{http, prom};
@@ -335,11 +335,11 @@ fn serve(dir: &Path, t: &PromTarget, listen: &str) -> Result<(), String> {
 }
 
 fn clean(dir: &Path) -> Result<(), String> {
-    let all = list(dir).map_err(|e| format!("cannot list {}: {e}", dir.display()))?;
+    let stale = stale_segments(dir).map_err(|e| format!("cannot list {}: {e}", dir.display()))?;
     let mut removed = 0;
-    for l in all.iter().filter(|l| l.stale()) {
-        std::fs::remove_file(&l.path).map_err(|e| format!("cannot remove {}: {e}", l.path.display()))?;
-        println!("removed {} (its process is gone)", l.path.display());
+    for path in &stale {
+        std::fs::remove_file(path).map_err(|e| format!("cannot remove {}: {e}", path.display()))?;
+        println!("removed {} (its process is gone)", path.display());
         removed += 1;
     }
     if removed == 0 {

@@ -16,7 +16,6 @@ use dataplane::verbs::*;
 use dataplane::{Context, Cq, MemRegion, Mr, Pd, Provider, Qp, QpInitAttr};
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 #[derive(Parser, Debug)]
@@ -78,28 +77,6 @@ fn err_in<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> String {
     move |e| format!("{what}: {e}")
 }
 
-/// Set by SIGINT/SIGTERM: the default action would end the process without its destructors,
-/// leaving the fabric file when it was the last user. Read with the peer checks (cold path).
-static STOP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_stop_signal(_: libc::c_int) {
-    // Async-signal-safe: one atomic store.
-    STOP.store(true, Ordering::Relaxed);
-}
-
-/// SIGINT and SIGTERM set [`STOP`]; every wait ends with a sentence at its next peer check.
-fn install_stop_signals() {
-    // SAFETY: FFI; the handler only performs an atomic store, which is async-signal-safe, and
-    // the sigaction struct is fully initialized (zeroed, then the handler and mask set).
-    unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = on_stop_signal as extern "C" fn(libc::c_int) as usize;
-        libc::sigemptyset(&mut sa.sa_mask);
-        libc::sigaction(libc::SIGINT, &sa, std::ptr::null_mut());
-        libc::sigaction(libc::SIGTERM, &sa, std::ptr::null_mut());
-    }
-}
-
 /// How often a waiting side looks at its peer (a cold path: one clock read per 1024 empty
 /// polls, one process check per period).
 const PEER_CHECK: Duration = Duration::from_millis(100);
@@ -142,7 +119,7 @@ impl Peer {
             return Ok(());
         }
         self.next = now + PEER_CHECK;
-        if STOP.load(Ordering::Relaxed) {
+        if dataplane_apps::signals::stopped() {
             return Err("stopped by SIGINT or SIGTERM; giving up".into());
         }
         match &mut self.who {
@@ -260,7 +237,7 @@ fn drain_send(e: &mut End, wc: &mut [WorkCompletion]) -> Res<()> {
 fn main() {
     dataplane_apps::logging::init();
     let args = Args::parse();
-    install_stop_signals();
+    dataplane_apps::signals::install();
     let r = match args.role.as_deref() {
         Some("server") => server(&args),
         None => client(&args),

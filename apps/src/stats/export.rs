@@ -49,6 +49,8 @@ impl StatsSegment {
     /// one [`WorkerSlots`] per shape.
     pub fn create(dir: &Path, name: &str, shapes: &[StatsShape]) -> Result<(StatsSegment, Vec<WorkerSlots>), String> {
         let pid = std::process::id();
+        // Segments of runs that were SIGKILLed (see `read::reap_stale`).
+        super::read::reap_stale(dir);
         let path = dir.join(file_name(name, pid));
         let tmp = dir.join(format!(".{}.{}.tmp", file_name(name, pid), TMP_SEQ.fetch_add(1, Ordering::Relaxed)));
         let fail = |what: &str, e: io::Error| {
@@ -111,9 +113,13 @@ impl StatsSegment {
 
 impl Drop for StatsSegment {
     fn drop(&mut self) {
-        // Nobody else removes or replaces a live segment (`dpctl clean` takes stale ones only;
-        // `publish` refuses a second one of this process), so the file is ours.
+        // Nobody else removes or replaces a live segment (`dpctl clean` and the reaper take
+        // stale ones only; `publish` refuses a second one of this process), so the file is ours.
         let _ = std::fs::remove_file(&self.path);
+        // And those of peers that died (SIGKILL) while we ran: see `read::reap_stale`.
+        if let Some(dir) = self.path.parent() {
+            super::read::reap_stale(dir);
+        }
     }
 }
 

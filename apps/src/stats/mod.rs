@@ -44,12 +44,16 @@ pub fn pid_of_file_name(file: &str) -> Option<u32> {
 }
 
 /// When process `pid` started, in clock ticks after boot (`/proc/PID/stat` field 22); `None`
-/// if there is no such process.
+/// if there is no such process, or it has exited and only waits to be reaped (a zombie: state
+/// Z or X), which is as gone as a writer can be.
 pub fn proc_start_ticks(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Field 2 (comm) is in parentheses and may contain anything: count after the last ')'.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(19)?.parse().ok()
+    let mut rest = stat[stat.rfind(')')? + 1..].split_whitespace();
+    if matches!(rest.next()?, "Z" | "X") {
+        return None;
+    }
+    rest.nth(18)?.parse().ok()
 }
 
 /// Whether a segment's writer (`pid`, started at `start_ticks`) is still running: the pid

@@ -486,6 +486,21 @@ impl Listed {
     }
 }
 
+/// The segment files in `dir` whose writer is gone ([`Listed::stale`]), sorted by name.
+pub fn stale_segments(dir: &Path) -> io::Result<Vec<PathBuf>> {
+    Ok(list(dir)?.into_iter().filter(Listed::stale).map(|l| l.path).collect())
+}
+
+/// Removes the segments in `dir` whose writer is gone, and returns how many went. Every run
+/// does this when it starts and when it ends, so a pipeline killed with SIGKILL (which cannot
+/// remove its own segment) leaves its file only until the next run on the host ends — for
+/// example the surviving peer's. A live writer's segment is never touched (its process and
+/// start time are checked), and a file that disappears meanwhile is not an error.
+pub fn reap_stale(dir: &Path) -> usize {
+    let Ok(stale) = stale_segments(dir) else { return 0 };
+    stale.iter().filter(|p| std::fs::remove_file(p).is_ok()).count()
+}
+
 /// Every segment file in `dir` (names starting with [`PREFIX`]), sorted by name.
 pub fn list(dir: &Path) -> io::Result<Vec<Listed>> {
     let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)?

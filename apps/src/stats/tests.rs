@@ -274,3 +274,30 @@ fn a_segment_cut_short_under_a_reader_is_reported_not_a_sigbus() {
     drop(seg);
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// Issue 15, item 2: a SIGKILLed run cannot remove its segment; the next run on the host does
+/// (when it starts, and when it ends), and never a live writer's segment.
+#[test]
+fn creating_a_segment_reaps_those_of_dead_writers_only() {
+    let d = dir("reap");
+    let (live, _slots) = create(&d);
+    // A second "process": a segment under another name whose writer is made dead.
+    let (dead, _dead_slots) = StatsSegment::create(&d, "reap-victim", &shapes()).expect("create the victim's segment");
+    let dead_path = dead.path().to_path_buf();
+    poke(&dead_path, layout::H_PID, 0x7fff_fff0);
+    std::mem::forget(dead); // as after SIGKILL: no Drop, the file stays
+    assert_eq!(super::read::reap_stale(&d), 1);
+    assert!(!dead_path.exists(), "the dead writer's segment is reaped");
+    assert!(live.path().exists(), "a live writer's segment is never reaped");
+    // The same through a new segment's creation.
+    let (dead2, _s) = StatsSegment::create(&d, "reap-victim-2", &shapes()).unwrap();
+    let dead2_path = dead2.path().to_path_buf();
+    poke(&dead2_path, layout::H_PID, 0x7fff_fff0);
+    std::mem::forget(dead2);
+    let (again, _s) = StatsSegment::create(&d, "reap-next", &shapes()).unwrap();
+    assert!(!dead2_path.exists(), "a new run reaps stale segments when it starts");
+    drop(again);
+    drop(live);
+    assert_eq!(std::fs::read_dir(&d).unwrap().count(), 0);
+    std::fs::remove_dir_all(&d).unwrap();
+}

@@ -907,15 +907,15 @@ pub(crate) fn post_send(f: &Fabric, st: &mut SqState, chain: &SendChain) -> std:
     Ok(())
 }
 
-/// The fast path: runs WR `wr` (one SGE, not inline) if it is the common case, an RC or UC
+/// The fast path: runs WR `wr` (one SGE, INLINE or not) if it is the common case, an RC or UC
 /// SEND, SEND_WITH_IMM or RDMA_WRITE from an RTS queue with nothing pending, to a ready peer
 /// with an RQ or a plain (not tag-matching) SRQ; returns false, having changed nothing, for anything else, which then
 /// takes the general path (`post_one`, which also reports every error).
 ///
 /// Every check the general path makes runs here too, in the same order of effect: the WR
-/// checks of `prepare` (the opcode is allowed on RC and UC, no INLINE or IP_CSUM, one SGE
-/// within `max_send_sge`, at most 2^31 bytes, the lkey is an MR of our PD covering the
-/// bytes), the queue space, the destination checks of `exec_wr`, then the rkey checks of an
+/// checks of `prepare` (the opcode is allowed on RC and UC, no IP_CSUM, one SGE within
+/// `max_send_sge`, at most 2^31 bytes, the lkey is an MR of our PD covering the bytes — or,
+/// INLINE, the bytes lie in the fabric and fit `max_inline_data`), the queue space, the destination checks of `exec_wr`, then the rkey checks of an
 /// RDMA WRITE. Only then does anything happen. A SEND's point of no return is taking the
 /// receive request: with none posted it returns false (RNR or a UC drop, decided by the
 /// general path); a request that is not one SGE, or whose buffer does not fit or fails its
@@ -930,16 +930,25 @@ fn post_fast(f: &Fabric, st: &mut SqState, wr: &SendWr, sge: &Sge, state: &mut Q
         || *state != QpState::Rts
         || !st.pending.is_empty()
         || st.max_sge == 0
-        || wr.flags.intersects(SendFlags::INLINE | SendFlags::IP_CSUM)
+        || wr.flags.contains(SendFlags::IP_CSUM)
         || sge.length > 1 << 31
     {
         return false;
     }
     let len = sge.length as usize;
-    let Some(src) = mr_lookup(f, sge.lkey)
-        .filter(|m| !m.window && m.pd == st.pd)
-        .and_then(|m| m.translate(f, sge.addr, sge.length as u64))
-    else {
+    // INLINE (valid for all three opcodes here): the bytes are copied now, so the L_Key is not
+    // checked, but they must lie in the fabric and fit max_inline_data, as `prepare` requires.
+    let src = if wr.flags.contains(SendFlags::INLINE) {
+        if sge.length > st.max_inline {
+            return false;
+        }
+        f.offset_of(sge.addr, sge.length as u64).and_then(|off| f.ptr(off, sge.length as u64))
+    } else {
+        mr_lookup(f, sge.lkey)
+            .filter(|m| !m.window && m.pd == st.pd)
+            .and_then(|m| m.translate(f, sge.addr, sge.length as u64))
+    };
+    let Some(src) = src else {
         return false;
     };
     if st.posted.wrapping_sub(*retired) >= st.depth {

@@ -153,6 +153,9 @@ impl Ctl {
 
     /// Reads what the peer sent within a short wait and acts on it.
     fn poll_line(&mut self, w: &mut Watch, shared: &Shared) -> Result<(), String> {
+        if dataplane_apps::signals::stopped() {
+            return Err("stopped by SIGINT or SIGTERM".into());
+        }
         self.r.get_ref().set_read_timeout(Some(BEAT / 5)).map_err(|e| format!("socket timeout: {e}"))?;
         let room = (MAX_LINE + 1).saturating_sub(w.partial.len()) as u64;
         match (&mut self.r).take(room).read_line(&mut w.partial) {

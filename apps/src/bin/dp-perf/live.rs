@@ -91,6 +91,9 @@ impl<'a> Live<'a> {
         if let Some(why) = self.shared.dead() {
             return Err(why.to_owned());
         }
+        if dataplane_apps::signals::stopped() {
+            return Err("stopped by SIGINT or SIGTERM".into());
+        }
         if self.shared.stop.load(Ordering::Acquire) {
             return Ok(true);
         }

@@ -35,6 +35,9 @@ pub fn given_ids(m: &ArgMatches) -> Vec<String> {
 
 fn main() {
     dataplane_apps::logging::init();
+    // SIGINT/SIGTERM end the run through its error path (waits check the flag; blocking calls
+    // return EINTR), so teardown runs and no fabric file is left.
+    dataplane_apps::signals::install();
     let m = args::Args::command().get_matches();
     let mut args = args::Args::from_arg_matches(&m).unwrap_or_else(|e| e.exit());
     args.explicit = given_ids(&m);

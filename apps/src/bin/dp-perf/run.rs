@@ -283,7 +283,13 @@ fn server<P: Backend>(args: &mut Args) -> Res<()> {
     let l = TcpListener::bind(("0.0.0.0", args.tcp_port))
         .map_err(|e| format!("cannot listen on TCP port {}: {e}", args.tcp_port))?;
     eprintln!("dp-perf: waiting for a client on TCP port {} ({})", args.tcp_port, P::NAME);
-    let (s, _) = l.accept().map_err(|e| format!("accepting a client: {e}"))?;
+    let (s, _) = l.accept().map_err(|e| {
+        if dataplane_apps::signals::stopped() {
+            "stopped by SIGINT or SIGTERM while waiting for a client".to_owned()
+        } else {
+            format!("accepting a client: {e}")
+        }
+    })?;
     drop(l);
     let mut ctl = Ctl::new(s)?;
     let r = server_run::<P>(args, &mut ctl);
