@@ -1077,6 +1077,17 @@ impl RdmaQp {
         let qp = unsafe { (pd.ctx.v.create_qp)(pd.pd.as_ptr(), &mut ia) };
         let qp = NonNull::new(qp).ok_or_else(|| {
             let errno = last_errno();
+            if attr.qp_type == QpType::RawPacket && matches!(errno, Errno::EOPNOTSUPP | Errno::EINVAL | Errno::EPERM) {
+                // rxe answers EOPNOTSUPP; mlx5 needs CAP_NET_RAW (EPERM).
+                return Error::new(
+                    errno,
+                    format!(
+                        "device {} does not give RAW_PACKET QPs here (ibv_create_qp: {errno}): Soft-RoCE has \
+                         none; on a NIC that has them (mlx5) the process needs CAP_NET_RAW",
+                        pd.ctx.dev.name()
+                    ),
+                );
+            }
             Error::new(errno, format!("ibv_create_qp failed ({errno}) for caps {c:?}"))
         })?;
         // SAFETY: `qp` is live.

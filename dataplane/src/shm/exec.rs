@@ -598,6 +598,9 @@ fn exec_wr(f: &Fabric, st: &mut SqState, wr: &SendWr, src: &[Seg], total: u64) -
     if st.qp_type == QpType::Ud {
         return exec_ud(f, st, wr, src, total);
     }
+    if st.qp_type == QpType::RawPacket {
+        return exec_raw(f, st, wr, src, total);
+    }
     // Memory-management operations run on the local "NIC" only.
     match wr.opcode {
         WrOpcode::LocalInv => {
@@ -711,6 +714,47 @@ fn exec_ud(f: &Fabric, st: &mut SqState, wr: &SendWr, src: &[Seg], total: u64) -
     deliver(f, sender, &mut st.rx, d, wr, src, total, &Some(grh), true)
 }
 
+/// The largest RAW_PACKET frame: the port MTU plus Ethernet header, two VLAN tags.
+const RAW_MAX_FRAME: usize = SHM_MTU as usize + 22;
+
+/// A RAW_PACKET send: one Ethernet frame, switched to the QPs whose steering rules match
+/// (`raw::targets`), at offset 0 of each one's receive buffer. With `IBV_SEND_IP_CSUM` the
+/// checksums are filled in a copy of the frame first. The sender always completes with
+/// success (Ethernet: a frame nobody takes is dropped).
+fn exec_raw(f: &Fabric, st: &mut SqState, wr: &SendWr, src: &[Seg], total: u64) -> Outcome {
+    let done = Outcome::Done(WcStatus::Success, 0);
+    let len = total as usize;
+    // The headers the switch steers on are in the first 128 bytes.
+    let mut hdr = [0u8; 128];
+    gather_prefix(src, &mut hdr[..len.min(128)]);
+    let key = super::raw::FrameKey::parse(&hdr[..len.min(128)]);
+    // IP_CSUM: the checksums are filled in a copy (the sender's buffer is not written).
+    let mut frame: [u8; RAW_MAX_FRAME];
+    let mut one = [Seg::default(); 1];
+    let src = if wr.flags.contains(SendFlags::IP_CSUM) {
+        frame = [0u8; RAW_MAX_FRAME];
+        gather_prefix(src, &mut frame[..len]);
+        super::raw::fill_ip_checksums(&mut frame[..len]);
+        one[0] = Seg { ptr: frame.as_mut_ptr(), len };
+        &one[..]
+    } else {
+        src
+    };
+    let mut to = [0u32; 16];
+    let n = super::raw::targets(f, &key, st.qpn, &mut to);
+    let sender = Sender::of(st);
+    for &qpn in &to[..n] {
+        let Some(d) = resolve_dest(f, qpn) else { continue };
+        let ds = f.qp_slot(d.idx);
+        let state = QpState::from_u8(ds.state.load(Ordering::Acquire) as u8).unwrap_or(QpState::Error);
+        if !state.receives() || d.qp_type != QpType::RawPacket {
+            continue;
+        }
+        let _ = deliver(f, sender, &mut st.rx, &d, wr, src, total, &None, true);
+    }
+    done
+}
+
 /// The 40-byte GRH a UD receiver finds before the payload: version 6, payload length, next
 /// header "IBA transport", hop limit 64, source and destination GIDs.
 fn grh_bytes(total: u64, sgid: &[u8; 16], dgid: &[u8; 16]) -> [u8; GRH_LEN] {
@@ -808,8 +852,8 @@ fn prepare(
     if op == WrOpcode::Tso {
         return Err(PostError::new(Errno::EOPNOTSUPP, i, "TSO is not supported by the shm provider"));
     }
-    if wr.flags.contains(SendFlags::IP_CSUM) {
-        return Err(PostError::new(Errno::EINVAL, i, "IBV_SEND_IP_CSUM: the device has no checksum offload"));
+    if wr.flags.contains(SendFlags::IP_CSUM) && st.qp_type != QpType::RawPacket {
+        return Err(PostError::new(Errno::EINVAL, i, "IBV_SEND_IP_CSUM is offloaded on RAW_PACKET QPs only"));
     }
     let is_inline = wr.flags.contains(SendFlags::INLINE) || inline.is_some();
     // ibv_post_send(3): INLINE is "Valid only for Send and RDMA Write". Refused rather than
@@ -859,6 +903,17 @@ fn prepare(
         }
         if total > SHM_MTU as u64 {
             return Err(PostError::new(Errno::EINVAL, i, "UD message larger than the path MTU (4096)"));
+        }
+    } else if st.qp_type == QpType::RawPacket {
+        if total < 14 {
+            return Err(PostError::new(Errno::EINVAL, i, "a RAW_PACKET send must hold an Ethernet header (14 bytes)"));
+        }
+        if total > RAW_MAX_FRAME as u64 {
+            return Err(PostError::new(
+                Errno::EINVAL,
+                i,
+                "frame larger than the port MTU (4096) + 18 bytes of headers",
+            ));
         }
     } else if total > 1 << 31 {
         return Err(PostError::new(Errno::EINVAL, i, "message larger than max_msg_sz (2^31)"));
@@ -926,7 +981,7 @@ fn post_fast(f: &Fabric, st: &mut SqState, wr: &SendWr, sge: &Sge, state: &mut Q
     let op = wr.opcode;
     let is_send = matches!(op, WrOpcode::Send | WrOpcode::SendWithImm);
     if !(is_send || op == WrOpcode::RdmaWrite)
-        || st.qp_type == QpType::Ud
+        || !st.qp_type.is_connected()
         || *state != QpState::Rts
         || !st.pending.is_empty()
         || st.max_sge == 0

@@ -321,6 +321,13 @@ impl Fabric {
         assert!(idx < MAX_MCAST_GRP);
         self.table(TABLES.mcast, idx)
     }
+    pub(crate) fn flow_header(&self) -> &FlowHeader {
+        self.table(TABLES.flow, 0)
+    }
+    pub(crate) fn flow_slot(&self, idx: usize) -> &FlowSlot {
+        assert!(idx < MAX_FLOWS);
+        self.table(TABLES.flow + std::mem::size_of::<FlowHeader>(), idx)
+    }
 
     /// Takes the control-path lock, stealing it from a dead holder. Fails with `ETIMEDOUT`
     /// and the remedy when a live process holds it for [`LOCK_PATIENCE`] (then

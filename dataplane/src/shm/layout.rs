@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64};
 /// "dpfabric" in ASCII.
 pub(crate) const MAGIC: u64 = 0x6470_6661_6272_6963;
 /// Layout version; a fabric of another version is refused.
-pub(crate) const VERSION: u32 = 2;
+pub(crate) const VERSION: u32 = 3;
 
 /// Contexts (attached "ports") per fabric.
 pub(crate) const MAX_CTX: usize = 64;
@@ -28,6 +28,8 @@ pub(crate) const MAX_MR: usize = 4096;
 pub(crate) const MAX_MCAST_GRP: usize = 64;
 /// QPs attached to one multicast group (`max_mcast_qp_attach`).
 pub(crate) const MAX_MCAST_QP_ATTACH: usize = 32;
+/// Steering rules of RAW_PACKET QPs per fabric (`ibv_create_flow`).
+pub(crate) const MAX_FLOWS: usize = 256;
 /// Free-list entries of the arena allocator.
 pub(crate) const MAX_EXTENTS: usize = 1024;
 /// Entries in each context's async event ring.
@@ -170,6 +172,31 @@ pub(crate) struct McastSlot {
     pub members: [AtomicU32; MAX_MCAST_QP_ATTACH],
 }
 
+/// The flow table's header: how many slots have ever been used (senders scan only those).
+#[repr(C, align(64))]
+pub(crate) struct FlowHeader {
+    /// One past the highest slot ever installed; only grows (under the control-path lock).
+    pub hwm: AtomicU32,
+}
+
+/// A steering rule of a RAW_PACKET QP. Written under the control-path lock; `qpn` is stored
+/// last (Release) when a rule is installed and cleared first when it is removed.
+#[repr(C, align(64))]
+pub(crate) struct FlowSlot {
+    /// Owning QPN; 0 = free slot.
+    pub qpn: AtomicU32,
+    /// Matched fields: bit 0 destination MAC, 1 EtherType, 2 IP protocol, 3 destination port.
+    pub fields: AtomicU32,
+    /// Destination MAC in the low 48 bits (big-endian order of the 6 bytes).
+    pub dst_mac: AtomicU64,
+    pub ether_type: AtomicU32,
+    pub ip_proto: AtomicU32,
+    pub dst_port: AtomicU32,
+    pub priority: AtomicU32,
+    /// Bumped at every install of this slot: part of the `FlowId`, so a stale id is refused.
+    pub gen: AtomicU32,
+}
+
 /// MR and MW keys: generation (12 bits), slot index (12 bits), and the low 8 "key" bits that
 /// consumers may change when rebinding a window (`ibv_inc_rkey`).
 pub(crate) fn mr_key(gen: u32, idx: usize, key8: u8) -> u32 {
@@ -204,6 +231,7 @@ pub(crate) struct Tables {
     pub srq: usize,
     pub mr: usize,
     pub mcast: usize,
+    pub flow: usize,
     pub end: usize,
 }
 
@@ -218,8 +246,9 @@ pub(crate) const fn tables() -> Tables {
     let srq = align(cq + MAX_CQ * std::mem::size_of::<CqSlot>(), 4096);
     let mr = align(srq + MAX_SRQ * std::mem::size_of::<SrqSlot>(), 4096);
     let mcast = align(mr + MAX_MR * std::mem::size_of::<MrSlot>(), 4096);
-    let end = align(mcast + MAX_MCAST_GRP * std::mem::size_of::<McastSlot>(), 2 << 20);
-    Tables { ctx, qp, cq, srq, mr, mcast, end }
+    let flow = align(mcast + MAX_MCAST_GRP * std::mem::size_of::<McastSlot>(), 4096);
+    let end = align(flow + std::mem::size_of::<FlowHeader>() + MAX_FLOWS * std::mem::size_of::<FlowSlot>(), 2 << 20);
+    Tables { ctx, qp, cq, srq, mr, mcast, flow, end }
 }
 
 /// The table offsets, computed once at compile time.
@@ -253,6 +282,7 @@ mod tests {
         assert!(t.end <= 4 << 20, "tables take {} bytes", t.end);
         // apps/src/bin/shm-vandal.rs mirrors these offsets (and VERSION): change both together.
         assert_eq!((t.qp, t.cq, t.srq, t.mr, t.end), (24_576, 286_720, 352_256, 368_640, 2 << 20));
-        assert_eq!(t.mcast, 630_784);
+        assert_eq!((t.mcast, t.flow), (630_784, 643_072));
+        assert_eq!(std::mem::size_of::<FlowSlot>(), 64);
     }
 }

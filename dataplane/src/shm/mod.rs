@@ -20,6 +20,7 @@ mod layout;
 mod mcast;
 mod mr;
 mod qp;
+mod raw;
 mod recvq;
 mod ring;
 pub mod sizing;
@@ -142,7 +143,7 @@ fn shm_caps(fabric_size: u64) -> DeviceCaps {
         max_qp_rd_atom: 16,
         atomics: true,
         max_num_tags: tm::MAX_TAGS,
-        ip_csum: false,
+        ip_csum: true,
     }
 }
 

@@ -359,12 +359,6 @@ impl ShmQp {
         let c = attr.cap;
         let send_cq = &attr.send_cq.shared;
         let recv_cq = &attr.recv_cq.shared;
-        if attr.qp_type == QpType::RawPacket {
-            return Err(Error::new(
-                Errno::EOPNOTSUPP,
-                "RAW_PACKET QPs are not built on the shm provider yet (issue 14)",
-            ));
-        }
         if !Arc::ptr_eq(&send_cq.ctx.fabric, f) || !Arc::ptr_eq(&recv_cq.ctx.fabric, f) {
             return Err(Error::new(Errno::EINVAL, "CQ belongs to another fabric"));
         }
@@ -549,6 +543,9 @@ impl Drop for ShmQp {
             if self.qp_type == QpType::Ud {
                 super::mcast::detach_all(&f, self.qpn);
             }
+            if self.qp_type == QpType::RawPacket {
+                super::raw::destroy_all(&f, self.qpn);
+            }
             drop(l);
         }
         if let Some((_, off, len)) = self.rq {
@@ -575,6 +572,14 @@ impl crate::provider::Qp for ShmQp {
 
     fn detach_mcast(&mut self, gid: &[u8; 16], lid: u16) -> Result<()> {
         super::mcast::detach(&self.pd.ctx.fabric, self.qpn, self.qp_type, gid, lid)
+    }
+
+    fn create_flow(&mut self, spec: &crate::verbs::FlowSpec) -> Result<crate::verbs::FlowId> {
+        super::raw::create_flow(&self.pd.ctx.fabric, self.qpn, self.qp_type, spec)
+    }
+
+    fn destroy_flow(&mut self, id: crate::verbs::FlowId) -> Result<()> {
+        super::raw::destroy_flow(&self.pd.ctx.fabric, self.qpn, id)
     }
 
     fn qp_type(&self) -> QpType {

@@ -90,4 +90,10 @@ suite!(ShmHarness;
     mcast_attach_any_state_twice_then_detach,
     mcast_send_reaches_every_member,
     mcast_detach_stops_delivery,
+    raw_packet_opcode_column,
+    raw_packet_frames_land_at_offset_0_steered_by_mac,
+    raw_packet_steering_fields_and_priority,
+    raw_packet_broadcast_reaches_every_matching_qp,
+    raw_packet_ip_csum,
+    raw_packet_flow_on_other_qp_types_einval,
 );

@@ -8,7 +8,7 @@
 
 use crate::harness::*;
 use dataplane::verbs::*;
-use dataplane::{Context, MemRegion, Mr, Pd, Qp, Srq};
+use dataplane::{Context, Cq, MemRegion, Mr, Pd, Qp, Srq};
 
 pub use crate::post_list::*;
 
@@ -2219,4 +2219,223 @@ pub fn mcast_detach_stops_delivery<H: Harness>(t: &str) {
     assert_eq!(poll_one(&mut a.scq).status, WcStatus::Success);
     let w = poll_one(&mut b.rcq);
     assert_eq!((w.qp_num, w.wr_id), (leaver.qp_num(), RX as u64));
+}
+
+/// An Ethernet frame to `dst`: IPv4 + UDP to `port` when `ether_type` is 0x0800 (checksums
+/// left 0), else `ether_type` and 46 bytes of payload. Its bytes differ with `tag`.
+fn frame(dst: [u8; 6], ether_type: u16, proto: u8, port: u16, tag: u8) -> Vec<u8> {
+    let mut f = dst.to_vec();
+    f.extend_from_slice(&[0x02, 0, 0, 0, 0, 0x0a]);
+    f.extend_from_slice(&ether_type.to_be_bytes());
+    if ether_type == 0x0800 {
+        let l4_len: u16 = if proto == 6 { 20 + 10 } else { 8 + 10 };
+        let total = 20 + l4_len;
+        f.extend_from_slice(&[0x45, 0, (total >> 8) as u8, total as u8, 0, 1, 0, 0, 64, proto, 0, 0]);
+        f.extend_from_slice(&[10, 0, 0, 1, 10, 0, 0, 2]);
+        f.extend_from_slice(&[0x30, 0x39, (port >> 8) as u8, port as u8]);
+        if proto == 6 {
+            f.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 0, 0x50, 0x18, 0xff, 0xff, 0, 0, 0, 0]);
+        } else {
+            f.extend_from_slice(&[(l4_len >> 8) as u8, l4_len as u8, 0, 0]);
+        }
+        f.extend((0..10).map(|i| tag.wrapping_add(i)));
+    } else {
+        f.extend((0..46).map(|i| tag.wrapping_add(i)));
+    }
+    f
+}
+
+const MAC1: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
+const MAC2: [u8; 6] = [0x02, 0, 0, 0, 0, 0x02];
+const BCAST: [u8; 6] = [0xff; 6];
+
+/// A RAW_PACKET QP at RTS (no remote: frames carry their addresses).
+fn raw_qp<H: Harness>(node: &Node<H>) -> QpOf<H> {
+    let cap = QpCaps { max_send_sge: 2, max_recv_sge: 1, ..Default::default() };
+    let mut q = node.qp(QpType::RawPacket, cap, None, false);
+    ud_ready(&mut q, 0);
+    q
+}
+
+/// Sends `f` (written at `off` of `node`'s buffer) on `q` with `flags`, signaled; checks the
+/// sender's completion.
+fn send_frame<H: Harness>(q: &mut QpOf<H>, node: &mut Node<H>, off: usize, f: &[u8], flags: SendFlags) {
+    node.write(off, f);
+    let wr = SendWr::send(off as u64).flags(flags).signaled();
+    q.post_send(&SendChain::one(wr, &[node.sge(off, f.len() as u32)])).expect("post_send of a frame");
+    let s = poll_one(&mut node.scq);
+    assert_eq!((s.wr_id, s.status), (off as u64, WcStatus::Success));
+}
+
+/// ibv_post_send(3), RAW_PACKET column: SEND only (TSO aside); every other opcode is refused
+/// at post with EINVAL and `bad_wr` at it, the SEND before it in the chain goes out.
+pub fn raw_packet_opcode_column<H: Harness>(t: &str) {
+    let mut a = Node::<H>::open(t, 0);
+    let mut b = Node::<H>::open(t, 1);
+    let mut qa = raw_qp::<H>(&a);
+    let mut qb = raw_qp::<H>(&b);
+    qb.create_flow(&FlowSpec { dst_mac: Some(MAC1), ..Default::default() }).expect("create_flow");
+    let f = frame(MAC1, 0x88b5, 0, 0, 1);
+    a.write(0, &f);
+    let mut n = 0u64;
+    for op in WrOpcode::ALL {
+        if op == WrOpcode::Tso || seed_table_allows(op, QpType::RawPacket) {
+            continue;
+        }
+        qb.post_recv(&RecvChain::one(n, &[b.sge(RX + n as usize * 128, 128)])).unwrap();
+        let mut c = SendChain::new();
+        c.push(SendWr::send(n).signaled(), &[a.sge(0, f.len() as u32)]);
+        c.push(wr_for::<H>(op, 1000 + n, (b.addr(RX), b.mr.rkey()), None), &[a.sge(256, 8)]);
+        let e = qa.post_send(&c).expect_err(op.name());
+        assert_eq!((e.errno, e.bad_wr), (Errno::EINVAL, 1), "{} on RAW_PACKET: {e}", op.name());
+        assert_eq!(poll_one(&mut a.scq).wr_id, n, "{}: the SEND before it went out", op.name());
+        let r = poll_one(&mut b.rcq);
+        assert_eq!((r.wr_id, r.status, r.byte_len), (n, WcStatus::Success, f.len() as u32), "{}", op.name());
+        n += 1;
+    }
+    assert_no_completion(&mut b.rcq);
+}
+
+/// ibv_create_flow(3) steering and the RAW_PACKET receive rules: a frame lands whole at offset 0
+/// of the receive buffer (no GRH), `byte_len` is its length, and it goes to the QP whose rule
+/// matches its destination MAC, not to the other; a frame no rule matches goes nowhere.
+pub fn raw_packet_frames_land_at_offset_0_steered_by_mac<H: Harness>(t: &str) {
+    let mut a = Node::<H>::open(t, 0);
+    let mut b = Node::<H>::open(t, 1);
+    let mut qa = raw_qp::<H>(&a);
+    let (mut q1, mut q2) = (raw_qp::<H>(&b), raw_qp::<H>(&b));
+    q1.create_flow(&FlowSpec { dst_mac: Some(MAC1), ..Default::default() }).unwrap();
+    q2.create_flow(&FlowSpec { dst_mac: Some(MAC2), ..Default::default() }).unwrap();
+    b.region.fill(RX, 8192, 0xcc);
+    recv::<H>(&mut q1, &b, 1, RX, 2048);
+    recv::<H>(&mut q2, &b, 2, RX + 4096, 2048);
+    let f1 = frame(MAC1, 0x0800, 17, 7, 10);
+    send_frame(&mut qa, &mut a, 0, &f1, SendFlags::empty());
+    let r = poll_one(&mut b.rcq);
+    assert_eq!((r.wr_id, r.qp_num, r.status, r.opcode), (1, q1.qp_num(), WcStatus::Success, WcOpcode::Recv));
+    assert_eq!(r.byte_len, f1.len() as u32);
+    assert!(!r.wc_flags.contains(WcFlags::GRH), "no GRH on RAW_PACKET");
+    assert_eq!(b.read(RX, f1.len()), f1, "the frame at offset 0, unchanged");
+    assert_eq!(b.read(RX + f1.len(), 8), [0xcc; 8], "nothing written past it");
+    // No rule for this MAC: dropped, the sender still completes.
+    send_frame(&mut qa, &mut a, 512, &frame([0x02, 9, 9, 9, 9, 9], 0x0800, 17, 7, 11), SendFlags::empty());
+    assert_no_completion(&mut b.rcq);
+    let f2 = frame(MAC2, 0x86dd, 0, 0, 12);
+    send_frame(&mut qa, &mut a, 1024, &f2, SendFlags::empty());
+    let r = poll_one(&mut b.rcq);
+    assert_eq!((r.wr_id, r.qp_num, r.byte_len), (2, q2.qp_num(), f2.len() as u32));
+    assert_eq!(b.read(RX + 4096, f2.len()), f2);
+}
+
+/// Steering on EtherType, IP protocol and destination port, and rule priority: the lower
+/// `priority` wins a frame both rules match; destroying the rule hands its frames to the
+/// other; a stale rule id is EINVAL; a frame of another EtherType matches neither.
+pub fn raw_packet_steering_fields_and_priority<H: Harness>(t: &str) {
+    let mut a = Node::<H>::open(t, 0);
+    let mut b = Node::<H>::open(t, 1);
+    let mut qa = raw_qp::<H>(&a);
+    let (mut q1, mut q2) = (raw_qp::<H>(&b), raw_qp::<H>(&b));
+    let udp5000 = FlowSpec {
+        ether_type: Some(0x0800),
+        ip_proto: Some(17),
+        dst_port: Some(5000),
+        priority: 1,
+        ..Default::default()
+    };
+    let id = q1.create_flow(&udp5000).unwrap();
+    q2.create_flow(&FlowSpec { ether_type: Some(0x0800), priority: 2, ..Default::default() }).unwrap();
+    for i in 0..4 {
+        recv::<H>(&mut q1, &b, 10 + i, RX + i as usize * 512, 512);
+        recv::<H>(&mut q2, &b, 20 + i, RX + 4096 + i as usize * 512, 512);
+    }
+    let to = |f: Vec<u8>, a: &mut Node<H>, b: &mut Node<H>, qa: &mut QpOf<H>| -> Option<u32> {
+        send_frame(qa, a, 0, &f, SendFlags::empty());
+        let mut wc = [WorkCompletion::default(); 4];
+        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(200);
+        while std::time::Instant::now() < deadline {
+            let n = b.rcq.poll(&mut wc).unwrap();
+            if n > 0 {
+                assert_eq!(n, 1, "one copy of a unicast frame");
+                return Some(wc[0].qp_num);
+            }
+        }
+        None
+    };
+    assert_eq!(
+        to(frame(MAC1, 0x0800, 17, 5000, 1), &mut a, &mut b, &mut qa),
+        Some(q1.qp_num()),
+        "both match: priority 1 wins"
+    );
+    assert_eq!(to(frame(MAC1, 0x0800, 17, 6000, 2), &mut a, &mut b, &mut qa), Some(q2.qp_num()), "other port");
+    assert_eq!(to(frame(MAC1, 0x0800, 6, 5000, 3), &mut a, &mut b, &mut qa), Some(q2.qp_num()), "TCP, not UDP");
+    assert_eq!(to(frame(MAC1, 0x0806, 0, 0, 4), &mut a, &mut b, &mut qa), None, "ARP matches no rule");
+    q1.destroy_flow(id).unwrap();
+    assert_eq!(q1.destroy_flow(id).unwrap_err().errno, Errno::EINVAL, "a destroyed rule");
+    assert_eq!(to(frame(MAC1, 0x0800, 17, 5000, 5), &mut a, &mut b, &mut qa), Some(q2.qp_num()), "q1's rule is gone");
+}
+
+/// A frame to the broadcast (or a multicast) MAC reaches every QP with a matching rule, each
+/// once, but not the QP that sent it.
+pub fn raw_packet_broadcast_reaches_every_matching_qp<H: Harness>(t: &str) {
+    let mut a = Node::<H>::open(t, 0);
+    let mut b = Node::<H>::open(t, 1);
+    let mut qa = raw_qp::<H>(&a);
+    qa.create_flow(&FlowSpec::default()).unwrap();
+    recv::<H>(&mut qa, &a, 99, RX, 512);
+    let (mut q1, mut q2) = (raw_qp::<H>(&b), raw_qp::<H>(&b));
+    q1.create_flow(&FlowSpec { dst_mac: Some(BCAST), ..Default::default() }).unwrap();
+    q1.create_flow(&FlowSpec { ether_type: Some(0x0800), ..Default::default() }).unwrap();
+    q2.create_flow(&FlowSpec::default()).unwrap();
+    recv::<H>(&mut q1, &b, 1, RX, 512);
+    recv::<H>(&mut q1, &b, 2, RX + 512, 512);
+    recv::<H>(&mut q2, &b, 3, RX + 1024, 512);
+    send_frame(&mut qa, &mut a, 0, &frame(BCAST, 0x0800, 17, 1, 7), SendFlags::empty());
+    let mut got: Vec<u32> = poll_n(&mut b.rcq, 2).iter().map(|w| w.qp_num).collect();
+    got.sort();
+    let mut want = vec![q1.qp_num(), q2.qp_num()];
+    want.sort();
+    assert_eq!(got, want, "one copy per QP, though q1 has two matching rules");
+    assert_no_completion(&mut b.rcq);
+    assert_no_completion(&mut a.rcq);
+}
+
+/// ibv_post_send(3), IBV_SEND_IP_CSUM: "Offload the IPv4 and TCP/UDP checksum calculation" —
+/// the frames arrive with a valid IPv4 header checksum and a valid UDP or TCP checksum (the
+/// sender left them 0); the flag is EINVAL on a QP that is not RAW_PACKET.
+pub fn raw_packet_ip_csum<H: Harness>(t: &str) {
+    use dataplane::net::checksum;
+    let mut a = Node::<H>::open(t, 0);
+    let mut b = Node::<H>::open(t, 1);
+    let mut qa = raw_qp::<H>(&a);
+    let mut qb = raw_qp::<H>(&b);
+    qb.create_flow(&FlowSpec { dst_mac: Some(MAC1), ..Default::default() }).unwrap();
+    for (i, proto) in [17u8, 6].into_iter().enumerate() {
+        let f = frame(MAC1, 0x0800, proto, 53, i as u8);
+        let off = RX + i * 512;
+        recv::<H>(&mut qb, &b, i as u64, off, 512);
+        send_frame(&mut qa, &mut a, 0, &f, SendFlags::IP_CSUM);
+        let r = poll_one(&mut b.rcq);
+        assert_eq!(r.byte_len, f.len() as u32);
+        let got = b.read(off, f.len());
+        assert_eq!(checksum::finish(checksum::accumulate(0, &got[14..34])), 0, "IPv4 header checksum");
+        assert_ne!(got[24..26], [0, 0]);
+        assert_eq!(checksum::l4_ipv4([10, 0, 0, 1], [10, 0, 0, 2], proto, &got[34..]), 0, "L4 checksum ({proto})");
+        assert_eq!(a.read(0, f.len()), f, "the sender's buffer is not written");
+    }
+    let mut ud = a.qp(QpType::Ud, QpCaps::default(), None, false);
+    ud_ready(&mut ud, QKEY);
+    let ah = ah_to::<H>(&a, &qb.endpoint(H::gid_index()).unwrap_or(Endpoint::default()), true);
+    if let Ok(ah) = ah {
+        let wr = ud_send_wr::<H>(&ah, 1, QKEY, 1).flags(SendFlags::IP_CSUM | SendFlags::SIGNALED);
+        expect_post_err(ud.post_send(&SendChain::one(wr, &[a.sge(0, 8)])), Errno::EINVAL, 0);
+    }
+}
+
+/// ibv_create_flow(3) on a QP that is not RAW_PACKET: EINVAL.
+pub fn raw_packet_flow_on_other_qp_types_einval<H: Harness>(t: &str) {
+    let a = Node::<H>::open(t, 0);
+    for qt in [QpType::Rc, QpType::Uc, QpType::Ud] {
+        let mut q = a.qp(qt, QpCaps::default(), None, false);
+        assert_eq!(q.create_flow(&FlowSpec::default()).unwrap_err().errno, Errno::EINVAL, "{qt:?}");
+    }
 }
