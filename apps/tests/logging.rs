@@ -51,9 +51,15 @@ impl Drop for HeldPages {
 /// Runs the echo example for a moment with `hugepages = "prefer"` on 1 GiB pages, which makes
 /// huge pages unavailable on any machine that reserved none of that size (1 GiB pages must be
 /// reserved explicitly, at boot in practice), so the region falls back and warns.
+/// Serializes the tests that hold the free 1 GiB pages.
+static HOLDER: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn run_echo_without_huge_pages(tag: &str, rust_log: Option<&str>) -> Output {
     // CI reserves a 1 GiB page for the region tests: hold every free one while the child
     // runs, so that it finds none.
+    // One test at a time holds the free 1 GiB pages: two threads taking "all free pages" at
+    // once race (one maps them, the other finds them gone).
+    let _one = HOLDER.lock().unwrap_or_else(|e| e.into_inner());
     let _held = HeldPages::take_all_1g();
     assert_eq!(
         free_1g_pages(),

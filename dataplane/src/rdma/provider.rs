@@ -196,6 +196,7 @@ fn probe_caps(v: &'static Verbs, ctx: *mut sys::ibv_context) -> Result<DeviceCap
         atomics: o.atomic_cap != sys::IBV_ATOMIC_NONE,
         max_num_tags: a.tm_caps.max_num_tags,
         ip_csum: false,
+        raw_ip_csum: false,
     })
 }
 
@@ -1135,7 +1136,9 @@ impl RdmaQp {
         if matches!(wr.opcode, WrOpcode::LocalInv | WrOpcode::BindMw | WrOpcode::SendWithInv | WrOpcode::Tso) {
             return Some(PostError::new(Errno::EOPNOTSUPP, i, "opcode not implemented by the rdma provider"));
         }
-        if wr.flags.contains(SendFlags::IP_CSUM) && !self.ctx().caps.ip_csum {
+        let caps = &self.ctx().caps;
+        let csum = if self.qp_type == QpType::RawPacket { caps.raw_ip_csum } else { caps.ip_csum };
+        if wr.flags.contains(SendFlags::IP_CSUM) && !csum {
             return err("IP_CSUM without checksum offload");
         }
         let inline = chain.inline_of(wr);

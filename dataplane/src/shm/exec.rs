@@ -301,10 +301,7 @@ fn no_receive(f: &Fabric, d: &DestView, reliable: bool) -> Outcome {
         (None, rq) => rq.as_ref(),
     };
     if ring.is_some_and(Ring::stalled) {
-        if d.qp_type != QpType::Ud {
-            to_error(f, d.idx, d.qpn);
-        }
-        return Outcome::Done(if reliable { WcStatus::RemOpErr } else { WcStatus::Success }, 0);
+        return Outcome::Done(responder_failed(f, d, reliable, WcStatus::RemOpErr), 0);
     }
     if reliable {
         Outcome::Block(BlockKind::Rnr)
@@ -354,12 +351,7 @@ fn deliver(
             TmOutcome::Matched => return Outcome::Done(WcStatus::Success, 0),
             // As on the plain path below: the responder QP goes to ERROR, the requester gets
             // the remote status.
-            TmOutcome::Failed(remote) => {
-                if d.qp_type != QpType::Ud {
-                    to_error(f, d.idx, d.qpn);
-                }
-                return Outcome::Done(if reliable { remote } else { WcStatus::Success }, 0);
-            }
+            TmOutcome::Failed(remote) => return Outcome::Done(responder_failed(f, d, reliable, remote), 0),
             TmOutcome::Unexpected => tm_view = Some(tm),
             TmOutcome::NoTag => {}
         }
@@ -426,16 +418,23 @@ fn deliver_taken(
     push_recv_wc(f, d, &wc, wr.flags.contains(SendFlags::SOLICITED));
     match status {
         Ok(()) => WcStatus::Success,
-        Err((_, remote)) => {
-            if d.qp_type != QpType::Ud {
-                to_error(f, d.idx, d.qpn);
-            }
-            if reliable {
-                remote
-            } else {
-                WcStatus::Success
-            }
-        }
+        Err((_, remote)) => responder_failed(f, d, reliable, remote),
+    }
+}
+
+/// A message failed in the responder's receive queue (a corrupt ring, a tagged or plain buffer
+/// that does not fit): a connected (RC, UC) responder QP goes to ERROR and an RC requester gets
+/// `remote`; UD and RAW_PACKET responders only drop the message, and the requester of anything
+/// but RC sees success. Returns the requester's status.
+#[cold]
+fn responder_failed(f: &Fabric, d: &DestView, reliable: bool, remote: WcStatus) -> WcStatus {
+    if d.qp_type.is_connected() {
+        to_error(f, d.idx, d.qpn);
+    }
+    if reliable {
+        remote
+    } else {
+        WcStatus::Success
     }
 }
 

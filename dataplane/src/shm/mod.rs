@@ -143,7 +143,8 @@ fn shm_caps(fabric_size: u64) -> DeviceCaps {
         max_qp_rd_atom: 16,
         atomics: true,
         max_num_tags: tm::MAX_TAGS,
-        ip_csum: true,
+        ip_csum: false,
+        raw_ip_csum: true,
     }
 }
 

@@ -35,8 +35,11 @@ pub struct DeviceCaps {
     pub atomics: bool,
     /// Tag matching: maximum tags per SRQ (0 = no tag matching).
     pub max_num_tags: u32,
-    /// Whether `IBV_SEND_IP_CSUM` is supported.
+    /// Whether `IBV_SEND_IP_CSUM` is offloaded on UD QPs (`IBV_DEVICE_UD_IP_CSUM`).
     pub ip_csum: bool,
+    /// Whether `IBV_SEND_IP_CSUM` is offloaded on RAW_PACKET QPs (`IBV_DEVICE_RAW_IP_CSUM`,
+    /// `IBV_RAW_PACKET_CAP_IP_CSUM`).
+    pub raw_ip_csum: bool,
 }
 
 /// State of a port (`enum ibv_port_state`).

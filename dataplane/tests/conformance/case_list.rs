@@ -96,4 +96,5 @@ suite!(ShmHarness;
     raw_packet_broadcast_reaches_every_matching_qp,
     raw_packet_ip_csum,
     raw_packet_flow_on_other_qp_types_einval,
+    raw_packet_too_small_buffer_fails_that_receive_only,
 );

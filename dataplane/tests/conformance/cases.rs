@@ -2439,3 +2439,23 @@ pub fn raw_packet_flow_on_other_qp_types_einval<H: Harness>(t: &str) {
         assert_eq!(q.create_flow(&FlowSpec::default()).unwrap_err().errno, Errno::EINVAL, "{qt:?}");
     }
 }
+
+/// A frame larger than the receive buffer: the receiver's completion is LOC_LEN_ERR and, as on
+/// UD (an unconnected QP), the QP stays usable: the next frame that fits arrives.
+pub fn raw_packet_too_small_buffer_fails_that_receive_only<H: Harness>(t: &str) {
+    let mut a = Node::<H>::open(t, 0);
+    let mut b = Node::<H>::open(t, 1);
+    let mut qa = raw_qp::<H>(&a);
+    let mut qb = raw_qp::<H>(&b);
+    qb.create_flow(&FlowSpec { dst_mac: Some(MAC1), ..Default::default() }).unwrap();
+    recv::<H>(&mut qb, &b, 1, RX, 32);
+    recv::<H>(&mut qb, &b, 2, RX + 4096, 512);
+    let f = frame(MAC1, 0x0800, 17, 9, 3);
+    send_frame(&mut qa, &mut a, 0, &f, SendFlags::empty());
+    let r = poll_one(&mut b.rcq);
+    assert_eq!((r.wr_id, r.status), (1, WcStatus::LocLenErr));
+    send_frame(&mut qa, &mut a, 512, &f, SendFlags::empty());
+    let r = poll_one(&mut b.rcq);
+    assert_eq!((r.wr_id, r.status, r.byte_len), (2, WcStatus::Success, f.len() as u32));
+    assert_eq!(qb.state(), QpState::Rts);
+}
