@@ -119,7 +119,7 @@ fn shm_fabric_need(cfg: &Config) -> u64 {
     let queues = cfg
         .workers
         .iter()
-        .map(|w| (2 * sizing::cq_bytes(*w.cq_depth)).saturating_add(sizing::recv_queue_bytes(*w.srq_depth, 1)));
+        .map(|w| (2 * sizing::cq_bytes(*w.cq_depth)).saturating_add(sizing::srq_bytes(*w.srq_depth, 1)));
     pools.chain(queues).fold(sizing::tables_bytes(), u64::saturating_add)
 }
 

@@ -708,7 +708,7 @@ impl crate::provider::Qp for ShmQp {
             return Err(PostError::new(Errno::EINVAL, 0, "QP is in RESET"));
         }
         let f = &self.pd.ctx.fabric;
-        recvq::post(f, rq, self.pd.pdn, self.caps.max_recv_sge, chain)?;
+        recvq::post(f, rq, &mut recvq::RecvBound::cells(), self.pd.pdn, self.caps.max_recv_sge, chain)?;
         if state == QpState::Error || self.state() == QpState::Error {
             flush_rq(f, self.slot(), self.qpn);
         }

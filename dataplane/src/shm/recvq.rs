@@ -95,20 +95,46 @@ fn validate_sge(f: &Fabric, pd: u32, s: &Sge, i: usize, last: &mut Option<(u32, 
     Ok(())
 }
 
+/// How many requests a receive ring may hold, from its producer's side: SRQ rings are twice
+/// their `max_wr` and count unclaimed requests against it ([`Ring::push_single_bounded`]);
+/// a QP's own receive queue is bounded by its cells alone.
+pub(crate) struct RecvBound {
+    /// Requests queued and not yet claimed that make the queue full (`u64::MAX`: only the
+    /// cells bound it).
+    pub(crate) limit: u64,
+    /// The producer's cached copy of the ring's `head`.
+    pub(crate) head_seen: u64,
+}
+
+impl RecvBound {
+    /// No bound beyond the ring's cells (a QP's receive queue: one sender consumes it at a
+    /// time, so its cells free in order).
+    pub(crate) fn cells() -> RecvBound {
+        RecvBound { limit: u64::MAX, head_seen: 0 }
+    }
+}
+
 /// Validates and pushes every request of `chain`; stops at the first failure. The caller is
 /// the ring's only producer (the owning QP's or SRQ's `post_recv`, which takes `&mut self`).
 ///
 /// Requests of one SGE (nearly all) take a straight-line version of the same checks and a
 /// push that writes one SGE without the loops.
-pub(crate) fn post(f: &Fabric, ring: &Ring, pd: u32, max_sge: u32, chain: &RecvChain) -> Result<(), PostError> {
+pub(crate) fn post(
+    f: &Fabric,
+    ring: &Ring,
+    bound: &mut RecvBound,
+    pd: u32,
+    max_sge: u32,
+    chain: &RecvChain,
+) -> Result<(), PostError> {
     let mut last = None;
     for (i, (wr, sges)) in chain.iter().enumerate() {
         let pushed = if let ([s], 1..) = (sges, max_sge) {
             validate_sge(f, pd, s, i, &mut last)?;
-            push_one(ring, wr.wr_id, s)
+            push_one(ring, bound, wr.wr_id, s)
         } else {
             validate_with(f, pd, max_sge, sges, i, &mut last)?;
-            push(ring, wr.wr_id, sges)
+            push(ring, bound, wr.wr_id, sges)
         };
         if !pushed {
             return Err(PostError::new(Errno::ENOMEM, i, "receive queue full"));
@@ -119,9 +145,9 @@ pub(crate) fn post(f: &Fabric, ring: &Ring, pd: u32, max_sge: u32, chain: &RecvC
 
 /// [`push`] for a request of one SGE.
 #[inline(always)]
-fn push_one(ring: &Ring, wr_id: u64, s: &Sge) -> bool {
+fn push_one(ring: &Ring, bound: &mut RecvBound, wr_id: u64, s: &Sge) -> bool {
     debug_assert!(RECV_HDR_LEN + RECV_SGE_LEN <= ring.payload_len());
-    ring.push_single(|p| {
+    ring.push_single_bounded(bound.limit, &mut bound.head_seen, |p| {
         // SAFETY: the cell payload holds the header and max_sge >= 1 SGEs (checked by the
         // caller).
         unsafe {
@@ -141,9 +167,9 @@ fn push_one(ring: &Ring, wr_id: u64, s: &Sge) -> bool {
 /// `post_recv` takes `&mut self`. Senders, flushes and drains in any process only consume.
 /// So the push claims its position with a plain store ([`Ring::push_single`]), not a CAS.
 #[inline]
-pub(crate) fn push(ring: &Ring, wr_id: u64, sges: &[Sge]) -> bool {
+pub(crate) fn push(ring: &Ring, bound: &mut RecvBound, wr_id: u64, sges: &[Sge]) -> bool {
     debug_assert!(RECV_HDR_LEN + sges.len() * RECV_SGE_LEN <= ring.payload_len());
-    ring.push_single(|p| {
+    ring.push_single_bounded(bound.limit, &mut bound.head_seen, |p| {
         // SAFETY: the cell payload holds the header and max_sge SGEs; `sges.len()` was checked
         // against max_sge by `validate`.
         unsafe {

@@ -213,6 +213,34 @@ impl Ring {
         true
     }
 
+    /// [`Ring::push_single`] that also refuses when `limit` entries are already queued and
+    /// not yet claimed by a consumer (`tail - head >= limit`). SRQs use it with a ring twice
+    /// their `max_wr` (see `shm/srq.rs`): a consumer claims a cell (CAS on `head`) and frees it
+    /// (its sequence store) a few instructions later, and if it is descheduled in between
+    /// while other consumers go on, that one cell stays full. On a ring of exactly `max_wr`
+    /// cells the producer would then meet it `max_wr` posts later and report the queue full
+    /// although fewer than `max_wr` requests are outstanding. With twice the cells, the count
+    /// of unclaimed requests bounds the queue at `limit`, and a cell still held is met only
+    /// if its consumer stayed descheduled while the others claimed `limit` more.
+    ///
+    /// `head_seen` is the producer's cached `head` (as in the head-tracked protocol): it is
+    /// re-read (Acquire: a fresh `head` means those cells' claims happened) only when the
+    /// cached view says `limit` are queued, so a post does not pull `head`'s line, which every
+    /// consumer writes, on each call.
+    #[inline]
+    pub(crate) fn push_single_bounded(&self, limit: u64, head_seen: &mut u64, fill: impl FnOnce(*mut u8)) -> bool {
+        let pos = self.hdr().tail.load(Ordering::Relaxed);
+        if pos.wrapping_sub(*head_seen) >= limit {
+            *head_seen = self.hdr().head.load(Ordering::Acquire);
+            // A `head` beyond `tail` is corrupt (a hostile peer): reads as full, like a
+            // scribbled cell does.
+            if pos.wrapping_sub(*head_seen) >= limit {
+                return false;
+            }
+        }
+        self.push_single(fill)
+    }
+
     /// Takes the oldest entry, letting `read` copy its payload out. Safe for many consumers.
     /// [`Pop::Stalled`] when the ring's words stay inconsistent for [`MAX_REREADS`] re-reads.
     #[inline]
@@ -507,6 +535,56 @@ mod tests {
         assert!(matches!(r.pop(|_| unreachable!()), Pop::Stalled));
         assert!(r.stalled());
         assert!(!r.push(|_| unreachable!()));
+    }
+
+    /// A consumer descheduled between claiming a cell and freeing it while another consumer
+    /// goes on: on a ring of exactly `limit` cells the producer meets the held cell and
+    /// refuses with no request unclaimed (the SRQ bug the fan-out pipeline hit); the bounded
+    /// push over twice the cells takes `limit` more and then refuses on the count, not on the
+    /// held cell.
+    #[test]
+    fn a_consumer_descheduled_mid_pop_does_not_make_a_bounded_ring_full() {
+        // Claims the cell at `head` like `pop` does, without freeing it.
+        fn claim_without_free(r: &Ring) {
+            let h = r.hdr().head.load(Ordering::Relaxed);
+            assert_eq!(r.cell(h).1.load(Ordering::Acquire), h + 1, "a published cell");
+            r.hdr().head.store(h + 1, Ordering::Relaxed);
+        }
+        // SAFETY: every payload here has 8 bytes.
+        let fill = |i: u64| move |p: *mut u8| unsafe { (p as *mut u64).write_unaligned(i) };
+        // The old shape: 4 cells for 4 requests.
+        let mut b = Box::new(Buf([0; 4096]));
+        // SAFETY: the buffer is big enough for 4 cells of 16 bytes and private to the test.
+        let exact = unsafe { Ring::init(b.0.as_mut_ptr(), 4, 16) };
+        for i in 0..4 {
+            assert!(exact.push_single(fill(i)));
+        }
+        claim_without_free(&exact);
+        for _ in 0..3 {
+            assert!(matches!(exact.pop(|_| {}), Pop::Item));
+        }
+        assert!(!exact.push_single(fill(9)), "the held cell blocks the exact ring");
+
+        // SAFETY: as above, 8 cells of 16 bytes.
+        let r = unsafe { Ring::init(b.0.as_mut_ptr(), 8, 16) };
+        let mut seen = 0;
+        for i in 0..4 {
+            assert!(r.push_single_bounded(4, &mut seen, fill(i)));
+        }
+        assert!(!r.push_single_bounded(4, &mut seen, fill(9)), "4 unclaimed: full at the limit");
+        claim_without_free(&r);
+        for _ in 0..3 {
+            assert!(matches!(r.pop(|_| {}), Pop::Item));
+        }
+        for i in 4..8 {
+            assert!(r.push_single_bounded(4, &mut seen, fill(i)), "push {i} refused with {} queued", r.len());
+        }
+        assert!(!r.push_single_bounded(4, &mut seen, fill(9)), "the count bounds it again");
+        assert_eq!(r.len(), 4);
+        // A head beyond the tail (a hostile peer) reads as full.
+        r.hdr().head.store(100, Ordering::Relaxed);
+        let mut seen = 0;
+        assert!(!r.push_single_bounded(4, &mut seen, fill(9)));
     }
 
     #[test]

@@ -32,10 +32,16 @@ pub fn cq_bytes(cqe: u32) -> u64 {
     alloc_bytes(Ring::bytes(u64::from(cqe).next_power_of_two() as usize, CQE_STRIDE) as u64)
 }
 
-/// Fabric bytes of the ring of an SRQ (or of a QP's own receive queue) of `max_wr` entries
-/// with `max_sge` scatter entries each.
+/// Fabric bytes of the ring of a QP's own receive queue of `max_wr` entries with `max_sge`
+/// scatter entries each.
 pub fn recv_queue_bytes(max_wr: u32, max_sge: u32) -> u64 {
     alloc_bytes(Ring::bytes(u64::from(max_wr).next_power_of_two() as usize, recv_stride(max_sge)) as u64)
+}
+
+/// Fabric bytes of an SRQ of `max_wr` entries with `max_sge` scatter entries each: its ring
+/// has twice `max_wr` cells (why: [`crate::shm::ShmSrq`]).
+pub fn srq_bytes(max_wr: u32, max_sge: u32) -> u64 {
+    alloc_bytes(Ring::bytes(2 * u64::from(max_wr).next_power_of_two() as usize, recv_stride(max_sge)) as u64)
 }
 
 #[cfg(test)]

@@ -16,7 +16,10 @@ pub(crate) struct SrqShared {
     pub(crate) idx: usize,
     pub(crate) srqn: u32,
     pub(crate) pd: u32,
+    /// Twice `max_wr` cells (see [`ShmSrq`]).
     pub(crate) ring: Ring,
+    /// Requests the SRQ holds (the requested `max_wr` rounded up to a power of two).
+    pub(crate) max_wr: u32,
     pub(crate) max_sge: u32,
     ring_off: u64,
     ring_len: u64,
@@ -45,8 +48,16 @@ impl Drop for SrqShared {
 }
 
 /// A shared receive queue of the `shm` provider.
+///
+/// Its ring has twice `max_wr` cells, and a post counts the requests not yet claimed by a
+/// sender against `max_wr` ([`recvq::RecvBound`]). Senders of several threads consume an
+/// SRQ at once, and one descheduled between claiming a cell and freeing it would otherwise
+/// make the ring refuse posts (ENOMEM) with fewer than `max_wr` requests outstanding, once
+/// the others had gone round it (seen: the fan-out pipeline on a loaded 2-core machine, its
+/// receiver refused with 530 of 1024 posted).
 pub struct ShmSrq {
     pub(crate) shared: Arc<SrqShared>,
+    bound: recvq::RecvBound,
 }
 
 impl ShmSrq {
@@ -89,7 +100,8 @@ impl ShmSrq {
             ));
         }
         let f = &ctx.fabric;
-        let cap = attr.max_wr.next_power_of_two() as usize;
+        let max_wr = attr.max_wr.next_power_of_two();
+        let cap = 2 * max_wr as usize;
         let stride = recv_stride(attr.max_sge);
         let ring_len = Ring::bytes(cap, stride) as u64;
         let ring_off = f.alloc(ring_len)?;
@@ -162,12 +174,14 @@ impl ShmSrq {
                 srqn,
                 pd,
                 ring,
+                max_wr,
                 max_sge: attr.max_sge,
                 ring_off,
                 ring_len,
                 tm,
                 tm_max_ops,
             }),
+            bound: recvq::RecvBound { limit: u64::from(max_wr), head_seen: 0 },
         })
     }
 
@@ -240,7 +254,7 @@ impl crate::provider::Srq for ShmSrq {
 
     fn post_recv(&mut self, chain: &RecvChain) -> std::result::Result<(), PostError> {
         let sh = &*self.shared;
-        recvq::post(&sh.ctx.fabric, &sh.ring, sh.pd, sh.max_sge, chain)
+        recvq::post(&sh.ctx.fabric, &sh.ring, &mut self.bound, sh.pd, sh.max_sge, chain)
     }
 
     fn modify(&mut self, attr: &SrqAttr, mask: SrqAttrMask) -> Result<()> {
@@ -248,7 +262,7 @@ impl crate::provider::Srq for ShmSrq {
             return Err(Error::new(Errno::EOPNOTSUPP, "the shm provider cannot resize an SRQ"));
         }
         if mask.contains(SrqAttrMask::LIMIT) {
-            let cap = self.shared.ring.capacity() as u32;
+            let cap = self.shared.max_wr;
             if attr.srq_limit > cap {
                 return Err(Error::new(Errno::EINVAL, format!("SRQ limit {} is above max_wr {cap}", attr.srq_limit)));
             }
@@ -269,10 +283,6 @@ impl crate::provider::Srq for ShmSrq {
     fn query(&self) -> Result<SrqAttr> {
         let sh = &*self.shared;
         let s = sh.ctx.fabric.srq_slot(sh.idx);
-        Ok(SrqAttr {
-            max_wr: sh.ring.capacity() as u32,
-            max_sge: sh.max_sge,
-            srq_limit: s.limit.load(Ordering::Acquire),
-        })
+        Ok(SrqAttr { max_wr: sh.max_wr, max_sge: sh.max_sge, srq_limit: s.limit.load(Ordering::Acquire) })
     }
 }
