@@ -1,4 +1,7 @@
 //! Network wire formats shared by the packet paths (RAW_PACKET QPs, the `xdp` provider and the
-//! packet stages): the Internet checksum now, header parsers next to it.
+//! packet stages): the Internet checksum, frame headers, TCP segmentation offload.
 
 pub mod checksum;
+pub mod frame;
+pub mod pcap;
+pub mod tso;

@@ -197,6 +197,10 @@ fn probe_caps(v: &'static Verbs, ctx: *mut sys::ibv_context) -> Result<DeviceCap
         max_num_tags: a.tm_caps.max_num_tags,
         ip_csum: false,
         raw_ip_csum: false,
+        // The device's TSO size is reported, but this provider does not post IBV_WR_TSO yet
+        // (EOPNOTSUPP; no RAW_PACKET QP exists on Soft-RoCE to test it against).
+        max_tso: 0,
+        max_tso_header: 0,
     })
 }
 

@@ -19,6 +19,8 @@ use super::qp::{resolve_local, to_error, SqState, SHM_MTU};
 use super::recvq::{self, recv_sge_len, RecvEntry, MAX_SGE};
 use super::ring::Ring;
 use super::srq::{srq_view, SrqView};
+use crate::net::frame::FrameKey;
+use crate::net::tso::TsoPlan;
 use crate::verbs::*;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -726,21 +728,28 @@ fn exec_raw(f: &Fabric, st: &mut SqState, wr: &SendWr, src: &[Seg], total: u64) 
     // The headers the switch steers on are in the first 128 bytes.
     let mut hdr = [0u8; 128];
     gather_prefix(src, &mut hdr[..len.min(128)]);
-    let key = super::raw::FrameKey::parse(&hdr[..len.min(128)]);
+    let key = FrameKey::parse(&hdr[..len.min(128)]);
     // IP_CSUM: the checksums are filled in a copy (the sender's buffer is not written).
     let mut frame: [u8; RAW_MAX_FRAME];
     let mut one = [Seg::default(); 1];
     let src = if wr.flags.contains(SendFlags::IP_CSUM) {
         frame = [0u8; RAW_MAX_FRAME];
         gather_prefix(src, &mut frame[..len]);
-        super::raw::fill_ip_checksums(&mut frame[..len]);
+        crate::net::frame::fill_ip_checksums(&mut frame[..len]);
         one[0] = Seg { ptr: frame.as_mut_ptr(), len };
         &one[..]
     } else {
         src
     };
+    switch_frame(f, st, wr, &key, src, total);
+    done
+}
+
+/// Hands one frame (`src`, `total` bytes, headers `key`) to the QPs the flow table steers it
+/// to; each consumes a receive or drops the frame.
+fn switch_frame(f: &Fabric, st: &mut SqState, wr: &SendWr, key: &FrameKey, src: &[Seg], total: u64) {
     let mut to = [0u32; 16];
-    let n = super::raw::targets(f, &key, st.qpn, &mut to);
+    let n = super::raw::targets(f, key, st.qpn, &mut to);
     let sender = Sender::of(st);
     for &qpn in &to[..n] {
         let Some(d) = resolve_dest(f, qpn) else { continue };
@@ -751,7 +760,89 @@ fn exec_raw(f: &Fabric, st: &mut SqState, wr: &SendWr, src: &[Seg], total: u64) 
         }
         let _ = deliver(f, sender, &mut st.rx, &d, wr, src, total, &None, true);
     }
-    done
+}
+
+/// Largest TSO payload (`max_tso`): 256 KiB, what mlx5 devices report.
+pub(crate) const MAX_TSO: u32 = 256 << 10;
+/// Largest TSO header template (`max_tso_header`).
+pub(crate) const MAX_TSO_HEADER: u32 = 256;
+
+/// Checks, accounts and runs a TSO request on a RAW_PACKET QP (`IBV_WR_TSO`): its header
+/// template (`hdr`, from [`SendChain::push_tso`]) and payload become frames of at most `mss`
+/// payload bytes ([`TsoPlan`]), each switched as a RAW_PACKET send is. One completion (opcode
+/// TSO) for the request. RAW_PACKET QPs never wait (no RNR), so nothing is pending behind
+/// which the frames could overtake an earlier request.
+///
+/// Errors (EINVAL unless said, `bad_wr` = `i`, nothing posted): the opcode on a connected
+/// QP (the seed table); EOPNOTSUPP on UD (the shm provider segments TCP over Ethernet, which a
+/// UD message does not carry); no header, one over [`MAX_TSO_HEADER`], or one
+/// [`TsoPlan::new`] refuses; a payload over [`MAX_TSO`]; a header plus MSS over the port MTU
+/// + 18; the gather list's own checks; ENOMEM on a full send queue.
+#[cold]
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+fn post_tso(
+    f: &Fabric,
+    st: &mut SqState,
+    wr: &SendWr,
+    sges: &[Sge],
+    hdr: Option<&[u8]>,
+    i: usize,
+    state: &mut QpState,
+    retired: &mut u32,
+) -> std::result::Result<(), PostError> {
+    let einval = |why| PostError::new(Errno::EINVAL, i, why);
+    if !WrOpcode::Tso.allowed_on(st.qp_type) {
+        return Err(einval("opcode not allowed on this QP type (ibv_post_send(3) table)"));
+    }
+    if st.qp_type != QpType::RawPacket {
+        return Err(PostError::new(
+            Errno::EOPNOTSUPP,
+            i,
+            "TSO on UD QPs is not offered by the shm provider (it segments TCP over Ethernet, on RAW_PACKET QPs)",
+        ));
+    }
+    let Some(hdr) = hdr else {
+        return Err(einval("TSO request without a header template (push it with SendChain::push_tso)"));
+    };
+    if hdr.len() > MAX_TSO_HEADER as usize {
+        return Err(einval("TSO header longer than max_tso_header (256)"));
+    }
+    let mut segs = [Seg::default(); MAX_SGE];
+    let (n, total, _) = prepare(f, st, wr, sges, None, i, &mut segs)?;
+    if total > u64::from(MAX_TSO) {
+        return Err(einval("TSO payload larger than max_tso (256 KiB)"));
+    }
+    let plan = TsoPlan::new(hdr, wr.tso_mss(), total as usize).map_err(einval)?;
+    if plan.header_len() + usize::from(wr.tso_mss()) > RAW_MAX_FRAME {
+        return Err(einval("TSO header + MSS larger than the port MTU (4096) + 18 bytes of headers"));
+    }
+    if st.posted.wrapping_sub(*retired) >= st.depth {
+        *retired = st.slot().sq_retired.load(Ordering::Acquire);
+        if st.posted.wrapping_sub(*retired) >= st.depth {
+            return Err(PostError::new(Errno::ENOMEM, i, "send queue full (poll completions to free slots)"));
+        }
+    }
+    let wqe = st.posted;
+    st.posted = st.posted.wrapping_add(1);
+    if *state == QpState::Error {
+        st.complete(wr, wqe, WcStatus::WrFlushErr, 0);
+        return Ok(());
+    }
+    let mut frame = [0u8; RAW_MAX_FRAME];
+    let h = plan.header_len();
+    let mut rest = [Seg::default(); MAX_SGE];
+    for k in 0..plan.frames() {
+        let (off, len) = plan.range(k);
+        let m = skip_prefix(&segs[..n], off, &mut rest);
+        gather_prefix(&rest[..m], &mut frame[h..h + len]);
+        let end = plan.write_frame(hdr, k, &mut frame);
+        let key = FrameKey::parse(&frame[..end.min(128)]);
+        let one = [Seg { ptr: frame.as_mut_ptr(), len: end }];
+        switch_frame(f, st, wr, &key, &one, end as u64);
+    }
+    finish(f, st, wr, wqe, WcStatus::Success, 0);
+    Ok(())
 }
 
 /// The 40-byte GRH a UD receiver finds before the payload: version 6, payload length, next
@@ -848,8 +939,10 @@ fn prepare(
     if !op.allowed_on(st.qp_type) {
         return Err(PostError::new(Errno::EINVAL, i, "opcode not allowed on this QP type (ibv_post_send(3) table)"));
     }
-    if op == WrOpcode::Tso {
-        return Err(PostError::new(Errno::EOPNOTSUPP, i, "TSO is not supported by the shm provider"));
+    // TSO requests go through `post_tso`, which checks their header first; one reaching
+    // here by another way is refused.
+    if op == WrOpcode::Tso && st.qp_type != QpType::RawPacket {
+        return Err(PostError::new(Errno::EOPNOTSUPP, i, "TSO is offered on RAW_PACKET QPs only"));
     }
     if wr.flags.contains(SendFlags::IP_CSUM) && st.qp_type != QpType::RawPacket {
         return Err(PostError::new(Errno::EINVAL, i, "IBV_SEND_IP_CSUM is offloaded on RAW_PACKET QPs only"));
@@ -903,7 +996,7 @@ fn prepare(
         if total > SHM_MTU as u64 {
             return Err(PostError::new(Errno::EINVAL, i, "UD message larger than the path MTU (4096)"));
         }
-    } else if st.qp_type == QpType::RawPacket {
+    } else if st.qp_type == QpType::RawPacket && op != WrOpcode::Tso {
         if total < 14 {
             return Err(PostError::new(Errno::EINVAL, i, "a RAW_PACKET send must hold an Ethernet header (14 bytes)"));
         }
@@ -949,6 +1042,10 @@ pub(crate) fn post_send(f: &Fabric, st: &mut SqState, chain: &SendChain) -> std:
             if post_fast(f, st, wr, sge, &mut state, &mut retired) {
                 continue;
             }
+        }
+        if wr.opcode == WrOpcode::Tso {
+            post_tso(f, st, wr, sges, chain.tso_hdr_of(wr), i, &mut state, &mut retired)?;
+            continue;
         }
         // Most WRs have one SGE (or inline bytes, one segment): their segments fit an array
         // of one, which costs nothing to initialise, unlike room for MAX_SGE.

@@ -145,6 +145,8 @@ fn shm_caps(fabric_size: u64) -> DeviceCaps {
         max_num_tags: tm::MAX_TAGS,
         ip_csum: false,
         raw_ip_csum: true,
+        max_tso: exec::MAX_TSO,
+        max_tso_header: exec::MAX_TSO_HEADER,
     }
 }
 

@@ -40,6 +40,11 @@ pub struct DeviceCaps {
     /// Whether `IBV_SEND_IP_CSUM` is offloaded on RAW_PACKET QPs (`IBV_DEVICE_RAW_IP_CSUM`,
     /// `IBV_RAW_PACKET_CAP_IP_CSUM`).
     pub raw_ip_csum: bool,
+    /// Largest payload of one `IBV_WR_TSO` request in bytes (`ibv_tso_caps.max_tso`; 0: no
+    /// TSO).
+    pub max_tso: u32,
+    /// Largest TSO header template (`tso.hdr_sz`) a QP takes (`max_tso_header`).
+    pub max_tso_header: u32,
 }
 
 /// State of a port (`enum ibv_port_state`).

@@ -125,6 +125,10 @@ pub struct SendWr {
     num_sge: u32,
     inline_start: u32,
     inline_len: u32,
+    /// `tso.hdr_sz` of a TSO request (its header is in the chain at `inline_start`).
+    tso_hdr_len: u16,
+    /// `tso.mss` of a TSO request.
+    tso_mss: u16,
 }
 
 impl SendWr {
@@ -206,6 +210,19 @@ impl SendWr {
             length: self.compare_add,
             access: super::AccessFlags::from_bits_truncate(self.swap as u32),
         }
+    }
+
+    /// A TSO send (`IBV_WR_TSO`, RAW_PACKET QPs): the payload of its gather list goes out as
+    /// frames of at most `mss` bytes, each behind a copy of the header given to
+    /// [`SendChain::push_tso`], fixed for its place in the TCP stream (see
+    /// [`crate::net::tso`]).
+    pub fn tso(wr_id: u64, mss: u16) -> SendWr {
+        SendWr { wr_id, opcode: WrOpcode::Tso, tso_mss: mss, ..Default::default() }
+    }
+
+    /// `tso.mss` of a TSO request.
+    pub fn tso_mss(&self) -> u16 {
+        self.tso_mss
     }
 
     /// Any opcode, all other fields zero.
@@ -360,6 +377,32 @@ chain!(
 impl SendChain {
     fn reset_extra(wr: &mut SendWr) {
         wr.inline_len = 0;
+        wr.tso_hdr_len = 0;
+    }
+
+    /// Appends TSO request `wr` ([`SendWr::tso`]) with its header template `hdr` (`tso.hdr`,
+    /// copied into the chain now, as the NIC copies it into the WQE) and its payload's gather
+    /// list. A template longer than 65,535 bytes is cut there (`hdr_sz` is 16 bits; the
+    /// provider refuses anything above its `max_tso_header` anyway).
+    pub fn push_tso(&mut self, mut wr: SendWr, hdr: &[u8], sges: &[Sge]) -> &mut Self {
+        let hdr = &hdr[..hdr.len().min(usize::from(u16::MAX))];
+        wr.sge_start = self.sges.len() as u32;
+        wr.num_sge = sges.len() as u32;
+        wr.inline_len = 0;
+        wr.inline_start = self.inline.len() as u32;
+        wr.tso_hdr_len = hdr.len() as u16;
+        self.inline.extend_from_slice(hdr);
+        self.sges.extend_from_slice(sges);
+        self.wrs.push(wr);
+        self
+    }
+
+    /// The TSO header template of `wr` if it was pushed with [`SendChain::push_tso`].
+    pub fn tso_hdr_of(&self, wr: &SendWr) -> Option<&[u8]> {
+        match wr.tso_hdr_len {
+            0 => None,
+            n => Some(&self.inline[wr.inline_start as usize..wr.inline_start as usize + usize::from(n)]),
+        }
     }
 
     /// Appends `wr` carrying `data` inline: the bytes are copied into the chain now, so the

@@ -97,4 +97,6 @@ suite!(ShmHarness;
     raw_packet_ip_csum,
     raw_packet_flow_on_other_qp_types_einval,
     raw_packet_too_small_buffer_fails_that_receive_only,
+    raw_packet_tso_64k_arrives_as_mss_frames,
+    raw_packet_tso_refusals,
 );

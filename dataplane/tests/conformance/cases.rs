@@ -2431,6 +2431,127 @@ pub fn raw_packet_ip_csum<H: Harness>(t: &str) {
     }
 }
 
+/// Ethernet + IPv4 + TCP header template for TSO: 10.0.0.1:12345 -> 10.0.0.2:80, IPv4 id
+/// 0x1000, sequence 1000, flags CWR|PSH|ACK|FIN, a 12-byte option block (NOP NOP timestamp).
+fn tso_template(dst: [u8; 6]) -> Vec<u8> {
+    let mut h = dst.to_vec();
+    h.extend_from_slice(&[0x02, 0, 0, 0, 0, 0x0a, 0x08, 0x00]);
+    h.extend_from_slice(&[0x45, 0, 0, 0, 0x10, 0x00, 0x40, 0, 64, 6, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2]);
+    h.extend_from_slice(&[0x30, 0x39, 0x00, 0x50, 0, 0, 0x03, 0xe8, 0, 0, 0, 1, 0x80, 0x99, 0xff, 0xff, 0, 0, 0, 0]);
+    h.extend_from_slice(&[1, 1, 8, 10, 0, 0, 0, 1, 0, 0, 0, 2]);
+    h
+}
+
+/// The frames a 64 KiB TSO request arrives as on `qb`'s receives, in order: posts them,
+/// sends `payload` (at offset 128 KiB of `a`'s buffer) as one IBV_WR_TSO with MSS `mss`,
+/// checks the sender's one completion (opcode TSO) and returns each frame's bytes.
+pub fn tso_frames<H: Harness>(t: &str, payload: &[u8], mss: u16) -> Vec<Vec<u8>> {
+    let mut a = Node::<H>::open(t, 0);
+    let mut b = Node::<H>::open(t, 1);
+    let cap = QpCaps { max_send_sge: 2, max_recv_sge: 1, max_recv_wr: 128, ..Default::default() };
+    let mut qa = a.qp(QpType::RawPacket, cap, None, false);
+    ud_ready(&mut qa, 0);
+    let mut qb = b.qp(QpType::RawPacket, cap, None, false);
+    ud_ready(&mut qb, 0);
+    qb.create_flow(&FlowSpec { dst_mac: Some(MAC1), ..Default::default() }).unwrap();
+    let n = payload.len().div_ceil(mss as usize).max(1);
+    for i in 0..n + 1 {
+        recv::<H>(&mut qb, &b, i as u64, RX + i * 2048, 2048);
+    }
+    const PAY: usize = 128 << 10;
+    a.write(PAY, payload);
+    // Two SGEs, cut off an MSS boundary, so frames gather across them.
+    let cut = payload.len() / 3;
+    let sges = [a.sge(PAY, cut as u32), a.sge(PAY + cut, (payload.len() - cut) as u32)];
+    let mut c = SendChain::new();
+    c.push_tso(SendWr::tso(7, mss).signaled(), &tso_template(MAC1), &sges);
+    qa.post_send(&c).expect("post_send of a TSO request");
+    let s = poll_one(&mut a.scq);
+    assert_eq!((s.wr_id, s.status, s.opcode), (7, WcStatus::Success, WcOpcode::Tso));
+    assert_no_completion(&mut a.scq);
+    let got = poll_n(&mut b.rcq, n);
+    assert_no_completion(&mut b.rcq);
+    got.iter()
+        .enumerate()
+        .map(|(i, w)| {
+            assert_eq!(
+                (w.wr_id, w.status, w.opcode),
+                (i as u64, WcStatus::Success, WcOpcode::Recv),
+                "frame {i} in order"
+            );
+            b.read(RX + i * 2048, w.byte_len as usize)
+        })
+        .collect()
+}
+
+/// ibv_post_send(3), IBV_WR_TSO on RAW_PACKET: a 64 KiB TCP payload posted as one request
+/// arrives as 46 frames of MSS 1448 (the last 376 bytes), each a valid frame a receiver
+/// accepts: IPv4 total length and header checksum, id +1 per frame, TCP sequence advancing
+/// by the bytes before it, FIN/PSH on the last frame only, CWR on the first only, TCP
+/// checksum over the pseudo-header; the payloads rebuild the request's.
+pub fn raw_packet_tso_64k_arrives_as_mss_frames<H: Harness>(t: &str) {
+    use dataplane::net::checksum;
+    let payload: Vec<u8> = (0..65536u32).map(|i| (i ^ (i >> 8)) as u8).collect();
+    let frames = tso_frames::<H>(t, &payload, 1448);
+    assert_eq!(frames.len(), 46);
+    let hdr = tso_template(MAC1);
+    let mut joined = Vec::new();
+    for (k, f) in frames.iter().enumerate() {
+        let last = k == 45;
+        let len = if last { 65536 - 45 * 1448 } else { 1448 };
+        assert_eq!(f.len(), hdr.len() + len, "frame {k} length");
+        assert_eq!(f[..12], hdr[..12], "MACs");
+        assert_eq!(u16::from_be_bytes([f[16], f[17]]) as usize, f.len() - 14, "IPv4 total length of frame {k}");
+        assert_eq!(u16::from_be_bytes([f[18], f[19]]), 0x1000 + k as u16, "IPv4 id of frame {k}");
+        assert_eq!(checksum::finish(checksum::accumulate(0, &f[14..34])), 0, "IPv4 header checksum of frame {k}");
+        assert_eq!(checksum::l4_ipv4([10, 0, 0, 1], [10, 0, 0, 2], 6, &f[34..]), 0, "TCP checksum of frame {k}");
+        let seq = u32::from_be_bytes(f[38..42].try_into().unwrap());
+        assert_eq!(seq, 1000 + (k * 1448) as u32, "TCP sequence of frame {k}");
+        let flags = f[47];
+        assert_eq!(flags & 0x09, if last { 0x09 } else { 0 }, "FIN|PSH of frame {k}");
+        assert_eq!(flags & 0x80, if k == 0 { 0x80 } else { 0 }, "CWR of frame {k}");
+        assert_eq!(flags & 0x10, 0x10, "ACK of frame {k}");
+        assert_eq!(f[54..66], hdr[54..66], "TCP options copied");
+        joined.extend_from_slice(&f[hdr.len()..]);
+    }
+    assert!(joined == payload, "the frames' payloads rebuild the 64 KiB");
+}
+
+/// IBV_WR_TSO is refused at post, `bad_wr` at it and nothing sent: on RC (not in the seed
+/// table's RC column: EINVAL), without a header template, with one that is not TCP, with an
+/// MSS of 0, or a header + MSS over the port MTU (EINVAL); on UD the shm provider says
+/// EOPNOTSUPP (its choice, stated in docs/conformance.md).
+pub fn raw_packet_tso_refusals<H: Harness>(t: &str) {
+    let mut a = Node::<H>::open(t, 0);
+    let mut qa = raw_qp::<H>(&a);
+    let hdr = tso_template(MAC1);
+    let sge = [a.sge(0, 4000)];
+    let post = |q: &mut QpOf<H>, wr: SendWr, hdr: Option<&[u8]>| {
+        let mut c = SendChain::new();
+        match hdr {
+            Some(h) => c.push_tso(wr, h, &sge),
+            None => c.push(wr, &sge),
+        };
+        q.post_send(&c)
+    };
+    expect_post_err(post(&mut qa, SendWr::tso(1, 1448).signaled(), None), Errno::EINVAL, 0);
+    let mut udp = hdr.clone();
+    udp[23] = 17;
+    expect_post_err(post(&mut qa, SendWr::tso(2, 1448).signaled(), Some(&udp)), Errno::EINVAL, 0);
+    expect_post_err(post(&mut qa, SendWr::tso(3, 0).signaled(), Some(&hdr)), Errno::EINVAL, 0);
+    expect_post_err(post(&mut qa, SendWr::tso(4, 9000).signaled(), Some(&hdr)), Errno::EINVAL, 0);
+    assert_no_completion(&mut a.scq);
+    let mut rc = a.qp(QpType::Rc, QpCaps::default(), None, false);
+    rc.modify(&QpAttr { state: QpState::Init, ..Default::default() }).unwrap();
+    expect_post_err(post(&mut rc, SendWr::tso(5, 1448), Some(&hdr)), Errno::EINVAL, 0);
+    let mut ud = a.qp(QpType::Ud, QpCaps::default(), None, false);
+    ud_ready(&mut ud, QKEY);
+    let e = post(&mut ud, SendWr::tso(6, 1448), Some(&hdr)).expect_err("TSO on UD");
+    assert_eq!(e.bad_wr, 0);
+    assert!(matches!(e.errno, Errno::EOPNOTSUPP | Errno::EINVAL), "TSO on UD: {e}");
+    assert_no_completion(&mut a.scq);
+}
+
 /// ibv_create_flow(3) on a QP that is not RAW_PACKET: EINVAL.
 pub fn raw_packet_flow_on_other_qp_types_einval<H: Harness>(t: &str) {
     let a = Node::<H>::open(t, 0);

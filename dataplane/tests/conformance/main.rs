@@ -104,6 +104,8 @@ const RDMA_UNSUPPORTED: &[(&str, &str)] = &[
     ("raw_packet_broadcast_reaches_every_matching_qp", RXE_NO_RAW),
     ("raw_packet_ip_csum", RXE_NO_RAW),
     ("raw_packet_too_small_buffer_fails_that_receive_only", RXE_NO_RAW),
+    ("raw_packet_tso_64k_arrives_as_mss_frames", RXE_NO_RAW),
+    ("raw_packet_tso_refusals", RXE_NO_RAW),
     (
         "raw_packet_flow_on_other_qp_types_einval",
         "the rdma provider has no ibv_create_flow binding yet (create_flow is EOPNOTSUPP there)",
