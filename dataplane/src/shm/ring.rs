@@ -34,7 +34,16 @@
 //! another thread moved `head` or `tail` meanwhile. The count lives on the retry branch only,
 //! so the first attempt (nearly every call) costs what it did.
 
+// Under `--cfg loom` (tools/loom.sh) the ring's words are loom's atomics, so `loom::model`
+// explores the interleavings of the protocols above (the `loom_tests` at the end). The same
+// code runs: a loom atomic is bigger than 8 bytes, so the payload starts at `SEQ_LEN`.
+#[cfg(loom)]
+use loom::sync::atomic::{AtomicU64, Ordering};
+#[cfg(not(loom))]
 use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Bytes of a cell before its payload: the sequence word (8, or a loom atomic's size).
+const SEQ_LEN: usize = std::mem::size_of::<AtomicU64>().next_multiple_of(8);
 
 /// Shared header of a ring: producer and consumer positions on their own cache lines.
 #[repr(C, align(128))]
@@ -94,17 +103,21 @@ impl Ring {
     /// visible to any other thread or process; `cap` a power of two; `stride` a multiple of 8
     /// and at least 8.
     pub(crate) unsafe fn init(base: *mut u8, cap: usize, stride: usize) -> Ring {
-        debug_assert!(cap.is_power_of_two() && stride >= 8 && stride % 8 == 0);
+        debug_assert!(cap.is_power_of_two() && stride >= SEQ_LEN && stride % 8 == 0);
         let hdr = base as *mut RingHeader;
-        // SAFETY: per the contract, the header is ours to initialise.
+        // SAFETY: per the contract, the header is ours to initialise and nobody else sees it
+        // yet, so its words are written as fresh atomics (not stored into: under loom an atomic
+        // must be created before it is used).
         unsafe {
-            (*hdr).head.store(0, Ordering::Relaxed);
-            (*hdr).tail.store(0, Ordering::Relaxed);
+            std::ptr::write(&raw mut (*hdr).head, AtomicU64::new(0));
+            std::ptr::write(&raw mut (*hdr).tail, AtomicU64::new(0));
         }
+        // SAFETY: the cells follow the header inside the range of the contract.
         let cells = unsafe { base.add(RING_HEADER_LEN) };
         for i in 0..cap {
-            // SAFETY: cell i is inside the range given by the contract and 8-byte aligned.
-            unsafe { (*(cells.add(i * stride) as *const AtomicU64)).store(i as u64, Ordering::Relaxed) };
+            // SAFETY: cell i is inside the range given by the contract and 8-byte aligned;
+            // unpublished, as above.
+            unsafe { std::ptr::write(cells.add(i * stride) as *mut AtomicU64, AtomicU64::new(i as u64)) };
         }
         // SAFETY: the range given by the contract.
         unsafe { Ring::attach(base, cap, stride) }
@@ -135,7 +148,7 @@ impl Ring {
         // cell's first, 8-byte aligned word.
         unsafe {
             let c = self.cells.add((pos & self.mask) as usize * self.stride);
-            (c.add(8), &*(c as *const AtomicU64))
+            (c.add(SEQ_LEN), &*(c as *const AtomicU64))
         }
     }
 
@@ -146,7 +159,7 @@ impl Ring {
 
     /// Payload bytes per cell.
     pub(crate) fn payload_len(&self) -> usize {
-        self.stride - 8
+        self.stride - SEQ_LEN
     }
 
     /// Entries currently queued (approximate under concurrency; exact when quiescent).
@@ -707,5 +720,180 @@ mod tests {
             }
         });
         assert_eq!(seen, vec![N as u32; 4]);
+    }
+}
+
+/// Model checking of the ring's three protocols with loom: every interleaving (up to
+/// `LOOM_MAX_PREEMPTIONS`) of small producer/consumer runs, checking that every entry is
+/// taken exactly once and that no payload is read while it is written. Payloads go through
+/// loom's `UnsafeCell` (one per cell, found from the payload pointer the ring hands out), so
+/// loom reports a payload access the cell's sequence does not order — a consumer reading a
+/// cell before its producer published it, or a producer reusing a cell a consumer has not
+/// finished. Run: `tools/loom.sh`.
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+    use loom::cell::UnsafeCell;
+    use loom::sync::atomic::AtomicUsize;
+    use loom::sync::Arc;
+    use loom::thread;
+
+    const STRIDE: usize = SEQ_LEN.next_multiple_of(8) + 8;
+
+    /// A ring over its own 128-aligned memory, with a loom cell per ring cell for payloads.
+    struct Model {
+        base: *mut u8,
+        layout: std::alloc::Layout,
+        ring: Ring,
+        slots: Vec<UnsafeCell<u64>>,
+        taken: Vec<AtomicUsize>,
+    }
+
+    // SAFETY: the raw memory is only reached through the ring's atomics and the loom cells.
+    unsafe impl Send for Model {}
+    // SAFETY: as above.
+    unsafe impl Sync for Model {}
+
+    impl Model {
+        fn new(cap: usize, values: usize) -> Arc<Model> {
+            let layout = std::alloc::Layout::from_size_align(Ring::bytes(cap, STRIDE), 128).unwrap();
+            // SAFETY: a non-zero size.
+            let base = unsafe { std::alloc::alloc_zeroed(layout) };
+            // SAFETY: fresh memory of the right size and alignment, private until shared below.
+            let ring = unsafe { Ring::init(base, cap, STRIDE) };
+            Arc::new(Model {
+                base,
+                layout,
+                ring,
+                slots: (0..cap).map(|_| UnsafeCell::new(0)).collect(),
+                taken: (0..values).map(|_| AtomicUsize::new(0)).collect(),
+            })
+        }
+
+        /// The cell a payload pointer belongs to.
+        fn slot(&self, p: *const u8) -> &UnsafeCell<u64> {
+            let cells = self.base as usize + RING_HEADER_LEN;
+            &self.slots[(p as usize - cells - SEQ_LEN) / STRIDE]
+        }
+
+        fn fill(&self, v: u64) -> impl FnOnce(*mut u8) + '_ {
+            move |p| self.slot(p).with_mut(|x| unsafe { *x = v })
+        }
+
+        /// Records a taken value; each must be taken once.
+        fn take(&self, p: *const u8) {
+            let v = self.slot(p).with(|x| unsafe { *x });
+            assert_eq!(self.taken[v as usize].fetch_add(1, Ordering::Relaxed), 0, "value {v} taken twice");
+        }
+
+        fn all_taken_once(&self) {
+            for (v, t) in self.taken.iter().enumerate() {
+                assert_eq!(t.load(Ordering::Relaxed), 1, "value {v} taken {} times", t.load(Ordering::Relaxed));
+            }
+        }
+    }
+
+    impl Drop for Model {
+        fn drop(&mut self) {
+            // SAFETY: allocated in `new` with this layout; no view outlives the model.
+            unsafe { std::alloc::dealloc(self.base, self.layout) };
+        }
+    }
+
+    /// Ends a model: after every thread joined, pushes what they could not (`push`) and
+    /// takes everything left (`pop`), one after the other, so every value goes through.
+    fn finish(m: &Model, pending: Vec<u64>, push: impl Fn(&Model, u64) -> bool, pop: impl Fn(&Model) -> Pop) {
+        let mut pending = pending;
+        loop {
+            while matches!(pop(m), Pop::Item) {}
+            let Some(v) = pending.pop() else { break };
+            assert!(push(m, v), "a drained ring refused a push");
+        }
+        m.all_taken_once();
+    }
+
+    /// A receive queue / SRQ: one producer (`push_single_bounded`, the owner's post; limit 1
+    /// over 2 cells, so cells are reused) racing two consumers (`pop`, senders on two threads).
+    /// No thread waits: a refused push or an empty pop is retried after the join.
+    #[test]
+    fn loom_srq_one_producer_two_consumers() {
+        loom::model(|| {
+            let m = Model::new(2, 3);
+            let consumers: Vec<_> = (0..2)
+                .map(|_| {
+                    let m = m.clone();
+                    thread::spawn(move || {
+                        for _ in 0..2 {
+                            assert!(!matches!(m.ring.pop(|p| m.take(p)), Pop::Stalled), "a healthy ring stalled");
+                        }
+                    })
+                })
+                .collect();
+            let mut head_seen = 0;
+            let pending: Vec<u64> =
+                (0..3).filter(|&v| !m.ring.push_single_bounded(1, &mut head_seen, m.fill(v))).collect();
+            for c in consumers {
+                c.join().unwrap();
+            }
+            finish(&m, pending, |m, v| m.ring.push_single_bounded(1, &mut 0, m.fill(v)), |m| m.ring.pop(|p| m.take(p)));
+        });
+    }
+
+    /// A CQ: two producers (`push_tracked`, each with its own cached head) racing the single
+    /// consumer (`pop_single_tracked`, the poll), four values over two cells.
+    #[test]
+    fn loom_cq_two_producers_one_consumer() {
+        loom::model(|| {
+            let m = Model::new(2, 4);
+            let producers: Vec<_> = (0..2u64)
+                .map(|t| {
+                    let m = m.clone();
+                    thread::spawn(move || {
+                        let mut head_seen = 0;
+                        [2 * t, 2 * t + 1]
+                            .into_iter()
+                            .filter(|&v| !m.ring.push_tracked(&mut head_seen, m.fill(v)))
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            for _ in 0..2 {
+                let _ = m.ring.pop_single_tracked(|p| m.take(p));
+            }
+            let pending: Vec<u64> = producers.into_iter().flat_map(|p| p.join().unwrap()).collect();
+            finish(
+                &m,
+                pending,
+                |m, v| m.ring.push_tracked(&mut 0, m.fill(v)),
+                |m| m.ring.pop_single_tracked(|p| m.take(p)),
+            );
+        });
+    }
+
+    /// An event ring: the freeing protocol, two producers (`push`) racing two consumers
+    /// (`pop`), three values over two cells.
+    #[test]
+    fn loom_mpmc_two_producers_two_consumers() {
+        loom::model(|| {
+            let m = Model::new(2, 3);
+            let producer = {
+                let m = m.clone();
+                thread::spawn(move || [0u64, 1].into_iter().filter(|&v| !m.ring.push(m.fill(v))).collect::<Vec<_>>())
+            };
+            let consumer = {
+                let m = m.clone();
+                thread::spawn(move || {
+                    let _ = m.ring.pop(|p| m.take(p));
+                })
+            };
+            let mut pending = Vec::new();
+            if !m.ring.push(m.fill(2)) {
+                pending.push(2);
+            }
+            let _ = m.ring.pop(|p| m.take(p));
+            consumer.join().unwrap();
+            pending.extend(producer.join().unwrap());
+            finish(&m, pending, |m, v| m.ring.push(m.fill(v)), |m| m.ring.pop(|p| m.take(p)));
+        });
     }
 }
