@@ -27,6 +27,9 @@ pub(crate) const SHM_MTU: u32 = 4096;
 pub struct ShmQp {
     pub(crate) sq: Arc<SqCell>,
     rq: Option<(Ring, u64, u64)>,
+    /// How `post_recv` bounds the RQ: by its cells (RC/UC), or, on UD and RAW_PACKET RQs
+    /// (twice `max_recv_wr` cells), by the requests not yet claimed (as SRQs; see `ShmSrq`).
+    rq_bound: recvq::RecvBound,
     /// Keeps the SRQ alive while this QP may take from it.
     _srq: Option<Arc<SrqShared>>,
     recv_cq: Arc<CqShared>,
@@ -395,10 +398,14 @@ impl ShmQp {
             }
         };
         let rq_sge = c.max_recv_sge.max(1);
+        // UD and RAW_PACKET RQs have senders on any thread, so one descheduled mid-take can
+        // hold a cell while others go on: twice the cells, bounded by the count (as SRQs).
+        let many_senders = matches!(attr.qp_type, QpType::Ud | QpType::RawPacket);
+        let max_recv_wr = c.max_recv_wr.next_power_of_two();
         let rq = match srq {
             Some(_) => None,
             None => {
-                let cap = c.max_recv_wr.next_power_of_two() as usize;
+                let cap = max_recv_wr as usize * if many_senders { 2 } else { 1 };
                 let stride = recv_stride(rq_sge);
                 let len = Ring::bytes(cap, stride) as u64;
                 let off = f.alloc(len)?;
@@ -493,10 +500,16 @@ impl ShmQp {
             st.me = me.clone();
             SqCell { busy: AtomicBool::new(false), st: UnsafeCell::new(st) }
         });
-        let rq_caps = rq.as_ref().map_or(0, |(r, _, _)| r.capacity() as u32);
+        let rq_caps = if rq.is_some() { max_recv_wr } else { 0 };
+        let rq_bound = if many_senders {
+            recvq::RecvBound { limit: u64::from(max_recv_wr), head_seen: 0 }
+        } else {
+            recvq::RecvBound::cells()
+        };
         Ok(ShmQp {
             sq,
             rq,
+            rq_bound,
             _srq: srq,
             recv_cq: recv_cq.clone(),
             pd: pd.clone(),
@@ -708,7 +721,7 @@ impl crate::provider::Qp for ShmQp {
             return Err(PostError::new(Errno::EINVAL, 0, "QP is in RESET"));
         }
         let f = &self.pd.ctx.fabric;
-        recvq::post(f, rq, &mut recvq::RecvBound::cells(), self.pd.pdn, self.caps.max_recv_sge, chain)?;
+        recvq::post(f, rq, &mut self.rq_bound, self.pd.pdn, self.caps.max_recv_sge, chain)?;
         if state == QpState::Error || self.state() == QpState::Error {
             flush_rq(f, self.slot(), self.qpn);
         }

@@ -27,6 +27,7 @@ suite!(ShmHarness;
     send_in_order_1000,
     recv_chain_stops_at_first_bad,
     recv_queue_full_enomem,
+    recv_queue_full_enomem_ud_and_raw,
     recv_on_srq_qp_einval,
     recv_in_reset_einval_init_ok,
     recv_mr_without_local_write_einval,
