@@ -104,6 +104,12 @@ const RDMA_UNSUPPORTED: &[(&str, &str)] = &[
     ("raw_packet_broadcast_reaches_every_matching_qp", RXE_NO_RAW),
     ("raw_packet_ip_csum", RXE_NO_RAW),
     ("raw_packet_too_small_buffer_fails_that_receive_only", RXE_NO_RAW),
+    (
+        "recv_queue_full_enomem_ud_and_raw",
+        "rxe rounds its receive queue up to a power of two, so it is not full at the granted max_recv_wr (as for \
+         recv_queue_full_enomem; seen in the VM: a chain of 9 on a UD QP granted 8 all posted); RAW_PACKET: no such \
+         QPs on rxe",
+    ),
     ("raw_packet_tso_64k_arrives_as_mss_frames", RXE_NO_RAW),
     ("raw_packet_tso_refusals", RXE_NO_RAW),
     (
