@@ -82,11 +82,6 @@ impl TsoPlan {
         (off, self.mss.min(self.payload.saturating_sub(off)))
     }
 
-    /// The largest frame: header plus one MSS (or the whole payload, if smaller).
-    pub fn max_frame(&self) -> usize {
-        self.hdr_len + self.mss.min(self.payload)
-    }
-
     /// Builds frame `k` in `out` (which must hold `header_len() + range(k).1` bytes, its
     /// payload already in place after the header's room): copies the template, fixes the
     /// lengths, IPv4 id, TCP sequence and flags, then both checksums. Returns the frame's

@@ -817,18 +817,9 @@ fn post_tso(
     if plan.header_len() + usize::from(wr.tso_mss()) > RAW_MAX_FRAME {
         return Err(einval("TSO header + MSS larger than the port MTU (4096) + 18 bytes of headers"));
     }
-    if st.posted.wrapping_sub(*retired) >= st.depth {
-        *retired = st.slot().sq_retired.load(Ordering::Acquire);
-        if st.posted.wrapping_sub(*retired) >= st.depth {
-            return Err(PostError::new(Errno::ENOMEM, i, "send queue full (poll completions to free slots)"));
-        }
-    }
-    let wqe = st.posted;
-    st.posted = st.posted.wrapping_add(1);
-    if *state == QpState::Error {
-        st.complete(wr, wqe, WcStatus::WrFlushErr, 0);
-        return Ok(());
-    }
+    let Some(wqe) = claim_wqe(st, wr, *state, retired, i)? else { return Ok(()) };
+    // Every frame has the template's addresses, EtherType, protocol and ports: one key.
+    let key = FrameKey::parse(hdr);
     let mut frame = [0u8; RAW_MAX_FRAME];
     let h = plan.header_len();
     let mut rest = [Seg::default(); MAX_SGE];
@@ -837,7 +828,6 @@ fn post_tso(
         let m = skip_prefix(&segs[..n], off, &mut rest);
         gather_prefix(&rest[..m], &mut frame[h..h + len]);
         let end = plan.write_frame(hdr, k, &mut frame);
-        let key = FrameKey::parse(&frame[..end.min(128)]);
         let one = [Seg { ptr: frame.as_mut_ptr(), len: end }];
         switch_frame(f, st, wr, &key, &one, end as u64);
     }
@@ -939,11 +929,6 @@ fn prepare(
     if !op.allowed_on(st.qp_type) {
         return Err(PostError::new(Errno::EINVAL, i, "opcode not allowed on this QP type (ibv_post_send(3) table)"));
     }
-    // TSO requests go through `post_tso`, which checks their header first; one reaching
-    // here by another way is refused.
-    if op == WrOpcode::Tso && st.qp_type != QpType::RawPacket {
-        return Err(PostError::new(Errno::EOPNOTSUPP, i, "TSO is offered on RAW_PACKET QPs only"));
-    }
     if wr.flags.contains(SendFlags::IP_CSUM) && st.qp_type != QpType::RawPacket {
         return Err(PostError::new(Errno::EINVAL, i, "IBV_SEND_IP_CSUM is offloaded on RAW_PACKET QPs only"));
     }
@@ -997,6 +982,7 @@ fn prepare(
             return Err(PostError::new(Errno::EINVAL, i, "UD message larger than the path MTU (4096)"));
         }
     } else if st.qp_type == QpType::RawPacket && op != WrOpcode::Tso {
+        // (A TSO payload is not a frame: `post_tso` bounds it.)
         if total < 14 {
             return Err(PostError::new(Errno::EINVAL, i, "a RAW_PACKET send must hold an Ethernet header (14 bytes)"));
         }
@@ -1233,6 +1219,32 @@ fn post_many(
     post_one::<MAX_SGE>(f, st, wr, sges, inline, i, state, retired)
 }
 
+/// Takes the next WQE of the send queue for WR `i` (`wr`), after its checks: ENOMEM when the
+/// queue is full (`retired` re-read once first); `None` when the QP is in ERROR, the WQE
+/// then completed with a flush error.
+#[inline(always)]
+fn claim_wqe(
+    st: &mut SqState,
+    wr: &SendWr,
+    state: QpState,
+    retired: &mut u32,
+    i: usize,
+) -> std::result::Result<Option<u32>, PostError> {
+    if st.posted.wrapping_sub(*retired) >= st.depth {
+        *retired = st.slot().sq_retired.load(Ordering::Acquire);
+        if st.posted.wrapping_sub(*retired) >= st.depth {
+            return Err(PostError::new(Errno::ENOMEM, i, "send queue full (poll completions to free slots)"));
+        }
+    }
+    let wqe = st.posted;
+    st.posted = st.posted.wrapping_add(1);
+    if state == QpState::Error {
+        st.complete(wr, wqe, WcStatus::WrFlushErr, 0);
+        return Ok(None);
+    }
+    Ok(Some(wqe))
+}
+
 /// Checks, accounts and runs WR `i` of a chain (the body of `post_send`'s loop). `N` is the
 /// room for its local segments: at least 1 and `sges.len()`.
 #[allow(clippy::too_many_arguments)]
@@ -1249,18 +1261,7 @@ fn post_one<const N: usize>(
 ) -> std::result::Result<(), PostError> {
     let mut segs = [Seg::default(); N];
     let (n, total, is_inline) = prepare(f, st, wr, sges, inline, i, &mut segs)?;
-    if st.posted.wrapping_sub(*retired) >= st.depth {
-        *retired = st.slot().sq_retired.load(Ordering::Acquire);
-        if st.posted.wrapping_sub(*retired) >= st.depth {
-            return Err(PostError::new(Errno::ENOMEM, i, "send queue full (poll completions to free slots)"));
-        }
-    }
-    let wqe = st.posted;
-    st.posted = st.posted.wrapping_add(1);
-    if *state == QpState::Error {
-        st.complete(wr, wqe, WcStatus::WrFlushErr, 0);
-        return Ok(());
-    }
+    let Some(wqe) = claim_wqe(st, wr, *state, retired, i)? else { return Ok(()) };
     if !st.pending.is_empty() {
         st.enqueue(wr, wqe, sges, is_inline.then_some(&segs[..n]));
         return Ok(());
