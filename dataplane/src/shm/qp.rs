@@ -501,11 +501,7 @@ impl ShmQp {
             SqCell { busy: AtomicBool::new(false), st: UnsafeCell::new(st) }
         });
         let rq_caps = if rq.is_some() { max_recv_wr } else { 0 };
-        let rq_bound = if many_senders {
-            recvq::RecvBound { limit: u64::from(max_recv_wr), head_seen: 0 }
-        } else {
-            recvq::RecvBound::cells()
-        };
+        let rq_bound = if many_senders { recvq::RecvBound::unclaimed(max_recv_wr) } else { recvq::RecvBound::cells() };
         Ok(ShmQp {
             sq,
             rq,

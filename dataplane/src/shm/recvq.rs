@@ -112,6 +112,12 @@ impl RecvBound {
     pub(crate) fn cells() -> RecvBound {
         RecvBound { limit: u64::MAX, head_seen: 0 }
     }
+
+    /// At most `max_wr` requests not yet claimed (a ring of twice `max_wr` cells: SRQs, UD
+    /// and RAW_PACKET RQs).
+    pub(crate) fn unclaimed(max_wr: u32) -> RecvBound {
+        RecvBound { limit: u64::from(max_wr), head_seen: 0 }
+    }
 }
 
 /// Validates and pushes every request of `chain`; stops at the first failure. The caller is

@@ -181,7 +181,7 @@ impl ShmSrq {
                 tm,
                 tm_max_ops,
             }),
-            bound: recvq::RecvBound { limit: u64::from(max_wr), head_seen: 0 },
+            bound: recvq::RecvBound::unclaimed(max_wr),
         })
     }
 

@@ -386,14 +386,13 @@ impl SendChain {
     /// provider refuses anything above its `max_tso_header` anyway).
     pub fn push_tso(&mut self, mut wr: SendWr, hdr: &[u8], sges: &[Sge]) -> &mut Self {
         let hdr = &hdr[..hdr.len().min(usize::from(u16::MAX))];
-        wr.sge_start = self.sges.len() as u32;
-        wr.num_sge = sges.len() as u32;
-        wr.inline_len = 0;
         wr.inline_start = self.inline.len() as u32;
-        wr.tso_hdr_len = hdr.len() as u16;
         self.inline.extend_from_slice(hdr);
-        self.sges.extend_from_slice(sges);
-        self.wrs.push(wr);
+        self.push(wr, sges);
+        // `push` cleared the header length (a plain push carries none): set it on this one.
+        if let Some(w) = self.wrs.last_mut() {
+            w.tso_hdr_len = hdr.len() as u16;
+        }
         self
     }
 
