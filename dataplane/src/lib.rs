@@ -26,4 +26,4 @@ pub mod shm;
 pub mod verbs;
 pub mod worker;
 
-pub use provider::{Ah, Context, Cq, MemRegion, Mr, Pd, Provider, Qp, QpInitAttr, Srq};
+pub use provider::{Ah, Context, Cq, MemRegion, Mr, Pd, Provider, Qp, QpInitAttr, Srq, Xrcd};

@@ -37,6 +37,8 @@ pub trait Provider: Sized + 'static {
     type Ah: Ah;
     /// Memory that can be registered with this provider.
     type Region: MemRegion;
+    /// An XRC domain (`struct ibv_xrcd`).
+    type Xrcd: Xrcd<Self>;
 
     /// Opens the device described by `cfg`.
     ///
@@ -64,6 +66,27 @@ pub trait Context<P: Provider>: Send + Sync {
     /// Returns the next asynchronous event, if any (non-blocking `ibv_get_async_event`; events
     /// need no ack).
     fn poll_async_event(&self) -> Option<AsyncEvent>;
+    /// Opens a new XRC domain (`ibv_open_xrcd` without an inode: a domain of this context's
+    /// own). XRC SRQs ([`Pd::create_srq_xrc`]) and XRC_RECV QPs ([`Xrcd::create_recv_qp`])
+    /// belong to one; a message on an XRC connection may only land in an SRQ of the domain of
+    /// the XRC_RECV QP it arrives on.
+    ///
+    /// Errors: `EOPNOTSUPP` where the device has no XRC ([`DeviceCaps::xrc`]), naming the
+    /// device; `ENOMEM`.
+    fn open_xrcd(&self) -> Result<P::Xrcd> {
+        Err(Error::new(Errno::EOPNOTSUPP, format!("XRC not supported by this {} device", P::NAME)))
+    }
+}
+
+/// An XRC domain (`struct ibv_xrcd`): the scope in which XRC_RECV QPs hand messages to XRC SRQs.
+pub trait Xrcd<P: Provider> {
+    /// Creates an XRC_RECV QP in this domain, in RESET (`ibv_create_qp_ex` with
+    /// `IBV_QPT_XRC_RECV` and the XRCD). It has no PD, CQs or queues of its own: bring it up
+    /// with [`Qp::connect`] to the peer's XRC_SEND QP; what arrives on it lands in the XRC SRQ
+    /// each request names, and completes on that SRQ's CQ with `qp_num` this QP's number.
+    ///
+    /// Errors: `ENOMEM` when no QP is left.
+    fn create_recv_qp(&self) -> Result<P::Qp>;
 }
 
 /// Attributes for creating a QP (`struct ibv_qp_init_attr`).
@@ -99,6 +122,20 @@ pub trait Pd<P: Provider> {
     fn create_srq(&self, attr: &SrqAttr) -> Result<P::Srq>;
     /// Creates an address handle for UD sends. Errors: `EINVAL` for a bad port or GID.
     fn create_ah(&self, attr: &AhAttr) -> Result<P::Ah>;
+    /// Creates an XRC SRQ (`ibv_create_srq_ex` with `IBV_SRQT_XRC`) of domain `xrcd` whose
+    /// receives complete on `cq`. Its number ([`Srq::srq_num`]) is what a peer's XRC_SEND
+    /// requests name; its PD (this one) checks both its receive buffers and the rkeys of RDMA
+    /// and atomic requests that name it. `attr.srq_limit` is ignored, as in `create_srq`.
+    ///
+    /// Errors: `EOPNOTSUPP` where the device has no XRC; `EINVAL` for `max_wr`/`max_sge` of 0
+    /// or above the caps, or a CQ or XRCD of another device.
+    fn create_srq_xrc(&self, attr: &SrqAttr, xrcd: &P::Xrcd, cq: &P::Cq) -> Result<P::Srq> {
+        let _ = (attr, xrcd, cq);
+        Err(crate::verbs::Error::new(
+            crate::verbs::Errno::EOPNOTSUPP,
+            format!("XRC not supported by this {} device", P::NAME),
+        ))
+    }
     /// Creates a tag-matching SRQ (`ibv_create_srq_ex` with `IBV_SRQT_TM`) whose list
     /// operations and receives complete on `cq`. Errors: `EOPNOTSUPP` where the device has no
     /// tag matching; `EINVAL` for `max_num_tags`/`max_ops` of 0 or above the device's.
@@ -240,7 +277,8 @@ pub trait Qp {
         Err(Error::new(Errno::EOPNOTSUPP, format!("QP {:#x}: this provider has no flow steering", self.qp_num())))
     }
 
-    /// Connects an RC or UC QP to `peer` and makes it ready to send: RESET → INIT (port,
+    /// Connects an RC, UC or XRC QP to `peer` and makes it ready to send (an XRC_SEND QP
+    /// connects to the peer's XRC_RECV QP and back, as `ibv_xsrq_pingpong` does): RESET → INIT (port,
     /// P_Key, access of `opts`) → RTR (the peer's QPN, PSN and route; MTU and RNR timer of
     /// `opts`) → RTS (send PSN, timeout and retries of `opts`). A QP already in INIT (e.g.
     /// to post receives before connecting) starts from there. The one call to make after the
@@ -250,7 +288,7 @@ pub trait Qp {
     /// RESET or INIT, or for an attribute the device refuses (the failing transition is named;
     /// the QP stays in the state it reached).
     fn connect(&mut self, peer: &PeerAddr, opts: &ConnectOpts) -> Result<()> {
-        if !matches!(self.qp_type(), QpType::Rc | QpType::Uc) {
+        if !self.qp_type().is_connected() {
             return Err(Error::new(
                 Errno::EINVAL,
                 format!("connect: a {:?} QP has no peer; bring it up with ready()", self.qp_type()),
@@ -284,10 +322,10 @@ pub trait Qp {
     /// INIT (port, P_Key, Q_Key of `opts`) → RTR → RTS (send PSN of `opts`). A QP already in
     /// INIT starts from there. Destinations travel with each send (`UdDest`).
     ///
-    /// Errors: `EINVAL` on an RC or UC QP (use [`connect`](Self::connect)), on a QP in
+    /// Errors: `EINVAL` on an RC, UC or XRC QP (use [`connect`](Self::connect)), on a QP in
     /// another state than RESET or INIT, or for an attribute the device refuses.
     fn ready(&mut self, opts: &ConnectOpts) -> Result<()> {
-        if matches!(self.qp_type(), QpType::Rc | QpType::Uc) {
+        if self.qp_type().is_connected() {
             return Err(Error::new(
                 Errno::EINVAL,
                 format!("ready: a {:?} QP needs its peer; bring it up with connect()", self.qp_type()),

@@ -201,6 +201,7 @@ fn probe_caps(v: &'static Verbs, ctx: *mut sys::ibv_context) -> Result<DeviceCap
         // (EOPNOTSUPP; no RAW_PACKET QP exists on Soft-RoCE to test it against).
         max_tso: 0,
         max_tso_header: 0,
+        xrc: o.device_cap_flags & sys::IBV_DEVICE_XRC != 0,
     })
 }
 
@@ -253,6 +254,7 @@ impl crate::Provider for Rdma {
     type Srq = RdmaSrq;
     type Ah = RdmaAh;
     type Region = RdmaRegion;
+    type Xrcd = RdmaXrcd;
 
     fn open(cfg: &RdmaConfig) -> Result<RdmaContext> {
         let name = match &cfg.device {
@@ -308,9 +310,34 @@ fn port_state(s: sys::ibv_port_state) -> PortState {
     }
 }
 
+/// An XRC domain on an `rdma` device. None can be opened yet: [`crate::Context::open_xrcd`]
+/// refuses with EOPNOTSUPP, naming the device when it lacks `IBV_DEVICE_XRC` (Soft-RoCE), and
+/// saying that this provider's XRC path is not built when the device has it (no XRC-capable
+/// device was at hand to test one against; issue 17).
+pub enum RdmaXrcd {}
+
+impl crate::Xrcd<Rdma> for RdmaXrcd {
+    fn create_recv_qp(&self) -> Result<RdmaQp> {
+        match *self {}
+    }
+}
+
 impl crate::Context<Rdma> for RdmaContext {
     fn caps(&self) -> DeviceCaps {
         self.inner.caps
+    }
+
+    fn open_xrcd(&self) -> Result<RdmaXrcd> {
+        if !self.inner.caps.xrc {
+            return Err(Error::new(
+                Errno::EOPNOTSUPP,
+                format!("XRC not supported by device {} (IBV_DEVICE_XRC is not in its capabilities)", self.name()),
+            ));
+        }
+        Err(Error::new(
+            Errno::EOPNOTSUPP,
+            format!("device {} has XRC, but the rdma provider does not open XRC domains yet", self.name()),
+        ))
     }
 
     fn port_attr(&self, port: u8) -> Result<PortAttr> {
@@ -815,6 +842,17 @@ impl crate::Pd<Rdma> for RdmaPd {
     }
 
     fn create_qp(&self, attr: &QpInitAttr<'_, Rdma>) -> Result<RdmaQp> {
+        if attr.qp_type.is_xrc() {
+            let why = if self.inner.ctx.caps.xrc {
+                "the rdma provider does not create XRC QPs yet"
+            } else {
+                "IBV_DEVICE_XRC is not in its capabilities"
+            };
+            return Err(Error::new(
+                Errno::EOPNOTSUPP,
+                format!("{:?} QP: XRC not supported by device {} ({why})", attr.qp_type, self.inner.ctx.dev.name()),
+            ));
+        }
         RdmaQp::create(&self.inner, attr)
     }
 
@@ -1061,6 +1099,7 @@ impl RdmaQp {
             QpType::Uc => sys::IBV_QPT_UC,
             QpType::Ud => sys::IBV_QPT_UD,
             QpType::RawPacket => sys::IBV_QPT_RAW_PACKET,
+            QpType::XrcSend | QpType::XrcRecv => unreachable!("refused above"),
         };
         let mut ia = sys::ibv_qp_init_attr {
             qp_context: ptr::null_mut(),

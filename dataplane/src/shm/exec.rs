@@ -132,7 +132,10 @@ fn resolve_dest(f: &Fabric, qpn: u32) -> Option<DestView> {
     }
     let qp_type = QpType::from_u8(s.qp_type.load(Ordering::Relaxed) as u8)?;
     let srqn = s.srqn.load(Ordering::Relaxed);
-    let (rq, srq) = if srqn != 0 {
+    // An XRC_RECV QP has no queue: each request names its SRQ (`resolve_xrc`).
+    let (rq, srq) = if qp_type == QpType::XrcRecv {
+        (None, None)
+    } else if srqn != 0 {
         (None, Some(srq_view(f, srqn)?))
     } else {
         let sge = s.rq_sge.load(Ordering::Relaxed).min(MAX_SGE as u32);
@@ -176,6 +179,49 @@ fn dest<'a>(f: &Fabric, cache: &'a mut Option<DestView>, qpn: u32) -> Option<&'a
     let hit = cache.as_ref().is_some_and(|d| d.qpn == qpn && f.qp_slot(d.idx).qpn.load(Ordering::Acquire) == qpn);
     if !hit {
         *cache = resolve_dest(f, qpn);
+    }
+    cache.as_ref()
+}
+
+/// The view of XRC SRQ `srqn` as a message arriving on XRC_RECV QP `tgt` reaches it: `tgt`'s
+/// identity (its QPN in the receive completion, its state and access flags) with the SRQ's
+/// ring, PD (for receive buffers and rkeys) and CQ. `None` when `srqn` names no XRC SRQ of
+/// `tgt`'s domain: no SRQ, a plain or tag-matching one, or one of another domain.
+#[cold]
+#[inline(never)]
+fn resolve_xrc(f: &Fabric, tgt: &DestView, srqn: u32) -> Option<DestView> {
+    let xrcd = f.qp_slot(tgt.idx).xrcd.load(Ordering::Relaxed);
+    let srq = srq_view(f, srqn)?;
+    let ss = f.srq_slot(srq.idx);
+    if xrcd == 0 || ss.xrcd.load(Ordering::Relaxed) != xrcd {
+        return None;
+    }
+    let cqn = ss.cqn.load(Ordering::Relaxed);
+    let cq = super::cq::cq_ring(f, cqn)?;
+    if ss.srqn.load(Ordering::Acquire) != srqn {
+        return None;
+    }
+    let mut v = tgt.clone();
+    v.rq = None;
+    v.srq = Some(srq);
+    v.pd = srq.pd;
+    v.cq = cq;
+    v.cqn = cqn;
+    v.cq_channel = has_channel(f, cqn);
+    v.cq_head = std::cell::Cell::new(0);
+    Some(v)
+}
+
+/// The cached view of XRC SRQ `srqn` behind `tgt` ([`resolve_xrc`]), re-resolved when the
+/// cache is for another SRQ or target, or the SRQ's slot was reused.
+#[inline]
+fn xrc_dest<'a>(f: &Fabric, cache: &'a mut Option<DestView>, tgt: &DestView, srqn: u32) -> Option<&'a DestView> {
+    let hit = cache.as_ref().is_some_and(|d| {
+        d.qpn == tgt.qpn
+            && d.srq.is_some_and(|s| s.srqn == srqn && f.srq_slot(s.idx).srqn.load(Ordering::Acquire) == srqn)
+    });
+    if !hit {
+        *cache = resolve_xrc(f, tgt, srqn);
     }
     cache.as_ref()
 }
@@ -344,7 +390,7 @@ fn deliver(
     grh: &Option<Option<[u8; GRH_LEN]>>,
     place_data: bool,
 ) -> Outcome {
-    let reliable = st.qp_type == QpType::Rc;
+    let reliable = st.qp_type.is_reliable();
     // Tag matching: a matched message lands headerless in its tagged buffer; anything else
     // continues below into a plain SRQ buffer, whole.
     let mut tm_view = None;
@@ -382,7 +428,7 @@ fn deliver_taken(
     place_data: bool,
     tm_view: Option<&super::tm::TmView>,
 ) -> WcStatus {
-    let reliable = st.qp_type == QpType::Rc;
+    let reliable = st.qp_type.is_reliable();
     let mut wc = WorkCompletion {
         wr_id: rx.wr_id,
         opcode: if wr.opcode == WrOpcode::RdmaWriteWithImm { WcOpcode::RecvRdmaWithImm } else { WcOpcode::Recv },
@@ -594,7 +640,7 @@ fn remote_mr(f: &Fabric, d: &DestView, wr: &SendWr, need: AccessFlags) -> Option
 /// Runs one WQE. `src` are its local segments (gather list, or scatter list for READ and
 /// atomics), `total` their length.
 fn exec_wr(f: &Fabric, st: &mut SqState, wr: &SendWr, src: &[Seg], total: u64) -> Outcome {
-    let reliable = st.qp_type == QpType::Rc;
+    let reliable = st.qp_type.is_reliable();
     let lost = if reliable { Outcome::Block(BlockKind::Unreachable) } else { Outcome::Done(WcStatus::Success, 0) };
     if st.qp_type == QpType::Ud {
         return exec_ud(f, st, wr, src, total);
@@ -619,9 +665,21 @@ fn exec_wr(f: &Fabric, st: &mut SqState, wr: &SendWr, src: &[Seg], total: u64) -
     let Some(d) = dest(f, &mut st.dest, st.dest_qpn) else { return lost };
     let ds = f.qp_slot(d.idx);
     let state = QpState::from_u8(ds.state.load(Ordering::Acquire) as u8).unwrap_or(QpState::Error);
-    if !state.receives() || ds.dest_qpn.load(Ordering::Relaxed) != st.qpn || d.qp_type != st.qp_type {
+    if !state.receives() || ds.dest_qpn.load(Ordering::Relaxed) != st.qpn || d.qp_type != st.qp_type.peer_type() {
         return lost;
     }
+    // XRC: the request names the SRQ it lands in, which must be an XRC SRQ of the target
+    // QP's domain. Otherwise the responder rejects it as an invalid request: its QP goes to
+    // ERROR and the requester completes with REM_INV_REQ_ERR, as for any RC request the
+    // responder cannot accept (IB spec 9.7.5.2.2; rxe's class C errors do the same).
+    let d = if st.qp_type == QpType::XrcSend {
+        match xrc_dest(f, &mut st.xrc_dest, d, wr.remote_srqn) {
+            Some(x) => x,
+            None => return Outcome::Done(responder_failed(f, d, true, WcStatus::RemInvReqErr), 0),
+        }
+    } else {
+        d
+    };
     let fail = |s: WcStatus| Outcome::Done(if reliable { s } else { WcStatus::Success }, 0);
     // One-sided operations to a dead owner are unanswered requests (`lost`): RC retries,
     // finds the owner dead (`handle_block`) and completes with RETRY_EXC_ERR; UC drops them.
@@ -1061,7 +1119,7 @@ fn post_fast(f: &Fabric, st: &mut SqState, wr: &SendWr, sge: &Sge, state: &mut Q
     let op = wr.opcode;
     let is_send = matches!(op, WrOpcode::Send | WrOpcode::SendWithImm);
     if !(is_send || op == WrOpcode::RdmaWrite)
-        || !st.qp_type.is_connected()
+        || !matches!(st.qp_type, QpType::Rc | QpType::Uc)
         || *state != QpState::Rts
         || !st.pending.is_empty()
         || st.max_sge == 0

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64};
 /// "dpfabric" in ASCII.
 pub(crate) const MAGIC: u64 = 0x6470_6661_6272_6963;
 /// Layout version; a fabric of another version is refused.
-pub(crate) const VERSION: u32 = 3;
+pub(crate) const VERSION: u32 = 4;
 
 /// Contexts (attached "ports") per fabric.
 pub(crate) const MAX_CTX: usize = 64;
@@ -98,7 +98,9 @@ pub(crate) struct QpSlot {
     pub access: AtomicU32,
     pub lid: AtomicU32,
     pub gen: AtomicU32,
-    pub _pad: [u8; 56],
+    /// XRC domain of an XRC_RECV QP (0 for every other type).
+    pub xrcd: AtomicU32,
+    pub _pad: [u8; 52],
     pub sq_retired: AtomicU32,
 }
 
@@ -135,6 +137,10 @@ pub(crate) struct SrqSlot {
     pub gen: AtomicU32,
     /// Offset of the tag list (tag-matching SRQs), 0 for plain SRQs.
     pub tm_off: AtomicU64,
+    /// XRC domain of an XRC SRQ (0: not an XRC SRQ).
+    pub xrcd: AtomicU32,
+    /// The CQ an XRC SRQ's receives complete on (its QPs have none).
+    pub cqn: AtomicU32,
 }
 
 /// A memory region.

@@ -26,12 +26,14 @@ mod ring;
 pub mod sizing;
 mod srq;
 mod tm;
+mod xrc;
 
 pub use channel::ShmCompChannel;
 pub use cq::ShmCq;
 pub use mr::{ShmMr, ShmMw, ShmPd, ShmRegion};
 pub use qp::ShmQp;
 pub use srq::ShmSrq;
+pub use xrc::ShmXrcd;
 
 use crate::mem::HugePolicy;
 use crate::verbs::*;
@@ -147,6 +149,7 @@ fn shm_caps(fabric_size: u64) -> DeviceCaps {
         raw_ip_csum: true,
         max_tso: exec::MAX_TSO,
         max_tso_header: exec::MAX_TSO_HEADER,
+        xrc: true,
     }
 }
 
@@ -171,6 +174,7 @@ impl crate::Provider for Shm {
     type Srq = ShmSrq;
     type Ah = ShmAh;
     type Region = ShmRegion;
+    type Xrcd = ShmXrcd;
 
     fn open(cfg: &ShmConfig) -> Result<ShmContext> {
         let (fabric, idx) = Fabric::open(&cfg.fabric, cfg.size, cfg.huge)?;
@@ -213,6 +217,10 @@ impl crate::Context<Shm> for ShmContext {
         ShmRegion::alloc(&self.inner, len)
     }
 
+    fn open_xrcd(&self) -> Result<ShmXrcd> {
+        ShmXrcd::open(&self.inner)
+    }
+
     fn poll_async_event(&self) -> Option<AsyncEvent> {
         let ring = self.inner.fabric.event_ring(self.inner.idx)?;
         let (mut kind, mut element) = (0u32, 0u32);
@@ -247,6 +255,16 @@ impl crate::Pd<Shm> for ShmPd {
 
     fn create_srq(&self, attr: &SrqAttr) -> Result<ShmSrq> {
         ShmSrq::create(&self.inner.ctx, self.inner.pdn, attr)
+    }
+
+    fn create_srq_xrc(&self, attr: &SrqAttr, xrcd: &ShmXrcd, cq: &ShmCq) -> Result<ShmSrq> {
+        if !Arc::ptr_eq(&cq.shared.ctx.fabric, &self.inner.ctx.fabric) {
+            return Err(Error::new(Errno::EINVAL, "CQ belongs to another fabric"));
+        }
+        if !Arc::ptr_eq(&xrcd.ctx.fabric, &self.inner.ctx.fabric) {
+            return Err(Error::new(Errno::EINVAL, "XRC domain belongs to another fabric"));
+        }
+        ShmSrq::create_xrc(&self.inner.ctx, self.inner.pdn, attr, xrcd.id, cq.shared.clone())
     }
 
     fn create_srq_tm(&self, attr: &SrqAttr, tm: &TmCaps, cq: &ShmCq) -> Result<ShmSrq> {

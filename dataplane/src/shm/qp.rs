@@ -146,6 +146,8 @@ pub(crate) struct SqState {
     /// This send queue's own cell, for the process-wide waiting list.
     me: Weak<SqCell>,
     pub(crate) dest: Option<super::exec::DestView>,
+    /// XRC_SEND: the target XRC SRQ last sent to, seen through the connected XRC_RECV QP.
+    pub(crate) xrc_dest: Option<super::exec::DestView>,
     /// Members of the multicast group last sent to (UD only; built on the first such send).
     pub(crate) mcast: Option<super::exec::McastDests>,
     /// Scratch receive entry (kept here to stay off the stack in the hot path).
@@ -314,6 +316,10 @@ pub(crate) fn to_error(f: &Fabric, idx: usize, qpn: u32) {
         }
     }
     let ctx = s.ctx.load(Ordering::Relaxed) as usize;
+    // XRC QPs have no receive queue to flush (their SRQs belong to the domain, not to them).
+    if QpType::from_u8(s.qp_type.load(Ordering::Relaxed) as u8).is_some_and(QpType::is_xrc) {
+        return;
+    }
     if s.srqn.load(Ordering::Relaxed) != 0 {
         f.post_event(ctx, super::EVENT_QP_LAST_WQE, qpn);
     } else {
@@ -356,6 +362,17 @@ pub(crate) fn retire(f: &Fabric, qpn: u32, wqe: u32) {
 
 impl ShmQp {
     pub(crate) fn create(pd: &Arc<PdInner>, attr: &crate::QpInitAttr<'_, super::Shm>) -> Result<ShmQp> {
+        if attr.qp_type == QpType::XrcRecv {
+            return Err(Error::new(
+                Errno::EINVAL,
+                "an XRC_RECV QP belongs to an XRC domain, not a PD: create it with Xrcd::create_recv_qp",
+            ));
+        }
+        Self::create_in(pd, attr, 0)
+    }
+
+    /// Creates a QP; `xrcd` is the domain of an XRC_RECV QP (0 for every other type).
+    pub(crate) fn create_in(pd: &Arc<PdInner>, attr: &crate::QpInitAttr<'_, super::Shm>, xrcd: u32) -> Result<ShmQp> {
         let ctx = &pd.ctx;
         let f = &ctx.fabric;
         let caps = ctx.caps;
@@ -380,7 +397,15 @@ impl ShmQp {
                 format!("max_inline_data {} is above the device's {}", c.max_inline_data, caps.max_inline_data),
             ));
         }
+        let xrc = attr.qp_type.is_xrc();
+        if xrc && attr.srq.is_some() {
+            return Err(Error::new(
+                Errno::EINVAL,
+                "an XRC QP takes no SRQ at creation: its requests name an XRC SRQ (SendWr::xrc_srqn)",
+            ));
+        }
         let srq = match attr.srq {
+            _ if xrc => None,
             Some(s) => {
                 if !Arc::ptr_eq(&s.shared.ctx.fabric, f) {
                     return Err(Error::new(Errno::EINVAL, "SRQ belongs to another fabric"));
@@ -403,6 +428,7 @@ impl ShmQp {
         let many_senders = matches!(attr.qp_type, QpType::Ud | QpType::RawPacket);
         let max_recv_wr = c.max_recv_wr.next_power_of_two();
         let rq = match srq {
+            _ if xrc => None,
             Some(_) => None,
             None => {
                 let cap = max_recv_wr as usize * if many_senders { 2 } else { 1 };
@@ -447,6 +473,7 @@ impl ShmQp {
         s.ctx.store(ctx.idx as u32, Ordering::Relaxed);
         s.pid.store(f.pid(), Ordering::Relaxed);
         s.pd.store(pd.pdn, Ordering::Relaxed);
+        // (An XRC_RECV QP's is its domain's idle CQ: its messages complete on their SRQ's.)
         s.recv_cqn.store(recv_cq.cqn, Ordering::Relaxed);
         s.srqn.store(srq.as_ref().map_or(0, |s| s.srqn), Ordering::Relaxed);
         let (rq_off, rq_cap) = rq.as_ref().map_or((0, 0), |(r, off, _)| (*off, r.capacity() as u32));
@@ -458,6 +485,7 @@ impl ShmQp {
         s.min_rnr_timer.store(0, Ordering::Relaxed);
         s.access.store(0, Ordering::Relaxed);
         s.lid.store(ctx.lid as u32, Ordering::Relaxed);
+        s.xrcd.store(xrcd, Ordering::Relaxed);
         s.sq_retired.store(0, Ordering::Relaxed);
         s.qpn.store(qpn, Ordering::Release);
         drop(l);
@@ -492,6 +520,7 @@ impl ShmQp {
             registered_pending: false,
             me: Weak::new(),
             dest: None,
+            xrc_dest: None,
             mcast: None,
             rx: RecvEntry::default(),
         };
@@ -622,6 +651,7 @@ impl crate::provider::Qp for ShmQp {
                 g.blocked = None;
                 g.posted = 0;
                 g.dest = None;
+                g.xrc_dest = None;
                 s.sq_retired.store(0, Ordering::Release);
                 drop(g);
                 self.drain_rq_silently();
@@ -673,10 +703,11 @@ impl crate::provider::Qp for ShmQp {
                     s.min_rnr_timer.store(attr.min_rnr_timer as u32, Ordering::Relaxed);
                     g.dest_qpn = attr.dest_qp_num;
                     g.dest = None;
+                    g.xrc_dest = None;
                 }
             }
             (Rtr, Rts) | (Rts, Rts) | (Sqd, Rts) | (Sqe, Rts) | (Rts, Sqd) | (Sqd, Sqd) => {
-                if to == Rts && cur == Rtr && self.qp_type == QpType::Rc {
+                if to == Rts && cur == Rtr && self.qp_type.is_reliable() {
                     if attr.retry_cnt > 7 || attr.rnr_retry > 7 {
                         return Err(crate::verbs::Error::new(
                             Errno::EINVAL,
@@ -710,7 +741,12 @@ impl crate::provider::Qp for ShmQp {
 
     fn post_recv(&mut self, chain: &RecvChain) -> std::result::Result<(), PostError> {
         let Some((rq, _, _)) = &self.rq else {
-            return Err(PostError::new(Errno::EINVAL, 0, "QP is attached to an SRQ: use post_srq_recv"));
+            let why = if self.qp_type.is_xrc() {
+                "an XRC QP has no receive queue: post receives to the XRC SRQ"
+            } else {
+                "QP is attached to an SRQ: use post_srq_recv"
+            };
+            return Err(PostError::new(Errno::EINVAL, 0, why));
         };
         let state = self.state();
         if !state.accepts_post_recv() {

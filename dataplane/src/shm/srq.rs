@@ -27,6 +27,9 @@ pub(crate) struct SrqShared {
     pub(crate) tm: Option<(TmView, u64, u64)>,
     /// `max_ops` of a tag-matching SRQ.
     tm_max_ops: u32,
+    /// An XRC SRQ's CQ, kept alive while the SRQ may complete on it (its domain and CQ number
+    /// are in the slot, where senders read them).
+    _xrc_cq: Option<Arc<super::cq::CqShared>>,
 }
 
 impl Drop for SrqShared {
@@ -62,7 +65,18 @@ pub struct ShmSrq {
 
 impl ShmSrq {
     pub(crate) fn create(ctx: &Arc<CtxInner>, pd: u32, attr: &SrqAttr) -> Result<ShmSrq> {
-        Self::create_with(ctx, pd, attr, None, 0)
+        Self::create_with(ctx, pd, attr, None, 0, None)
+    }
+
+    /// An XRC SRQ of domain `xrcd` whose receives complete on `cq`.
+    pub(crate) fn create_xrc(
+        ctx: &Arc<CtxInner>,
+        pd: u32,
+        attr: &SrqAttr,
+        xrcd: u32,
+        cq: Arc<super::cq::CqShared>,
+    ) -> Result<ShmSrq> {
+        Self::create_with(ctx, pd, attr, None, 0, Some((xrcd, cq)))
     }
 
     /// A tag-matching SRQ whose list operations and tagged receives complete on `cqn`.
@@ -76,7 +90,7 @@ impl ShmSrq {
         if tm.max_ops == 0 || tm.max_ops > tm::MAX_TM_OPS {
             return Err(Error::new(Errno::EINVAL, format!("max_ops {} must be 1..={}", tm.max_ops, tm::MAX_TM_OPS)));
         }
-        Self::create_with(ctx, pd, attr, Some((tm.max_num_tags, cqn)), tm.max_ops)
+        Self::create_with(ctx, pd, attr, Some((tm.max_num_tags, cqn)), tm.max_ops, None)
     }
 
     fn create_with(
@@ -85,6 +99,7 @@ impl ShmSrq {
         attr: &SrqAttr,
         tm: Option<(u32, u32)>,
         tm_max_ops: u32,
+        xrc: Option<(u32, Arc<super::cq::CqShared>)>,
     ) -> Result<ShmSrq> {
         let caps = ctx.caps;
         if attr.max_wr == 0 || attr.max_wr > caps.max_srq_wr {
@@ -165,6 +180,8 @@ impl ShmSrq {
         // modify_srq with IBV_SRQ_LIMIT.
         s.limit.store(0, Ordering::Relaxed);
         s.tm_off.store(tm.as_ref().map_or(0, |t| t.1), Ordering::Relaxed);
+        s.xrcd.store(xrc.as_ref().map_or(0, |x| x.0), Ordering::Relaxed);
+        s.cqn.store(xrc.as_ref().map_or(0, |x| x.1.cqn), Ordering::Relaxed);
         s.srqn.store(srqn, Ordering::Release);
         drop(l);
         Ok(ShmSrq {
@@ -180,6 +197,7 @@ impl ShmSrq {
                 ring_len,
                 tm,
                 tm_max_ops,
+                _xrc_cq: xrc.map(|x| x.1),
             }),
             bound: recvq::RecvBound::unclaimed(max_wr),
         })

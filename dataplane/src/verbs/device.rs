@@ -45,6 +45,8 @@ pub struct DeviceCaps {
     pub max_tso: u32,
     /// Largest TSO header template (`tso.hdr_sz`) a QP takes (`max_tso_header`).
     pub max_tso_header: u32,
+    /// Whether the device has XRC domains, XRC SRQs and XRC QPs (`IBV_DEVICE_XRC`).
+    pub xrc: bool,
 }
 
 /// State of a port (`enum ibv_port_state`).

@@ -58,18 +58,21 @@ impl WrOpcode {
     /// | LOCAL_INV, BIND_MW, SEND_WITH_INV |  | X | X | X |  |
     /// | TSO | X |  |  |  | X |
     ///
-    /// RAW_PACKET takes SEND (with or without `IBV_SEND_IP_CSUM`) and TSO only. XRC_SEND QPs do
-    /// not exist in the model yet (issue 17).
+    /// RAW_PACKET takes SEND (with or without `IBV_SEND_IP_CSUM`) and TSO only. An XRC_RECV
+    /// QP has no send queue: nothing is allowed on it.
     pub fn allowed_on(self, qp_type: QpType) -> bool {
         use QpType::*;
         use WrOpcode::*;
+        if qp_type == XrcRecv {
+            return false;
+        }
         match self {
             Send => true,
             SendWithImm => !matches!(qp_type, RawPacket),
             RdmaWrite | RdmaWriteWithImm | LocalInv | BindMw | SendWithInv => {
-                matches!(qp_type, Uc | Rc)
+                matches!(qp_type, Uc | Rc | XrcSend)
             }
-            RdmaRead | AtomicCmpAndSwp | AtomicFetchAndAdd => matches!(qp_type, Rc),
+            RdmaRead | AtomicCmpAndSwp | AtomicFetchAndAdd => matches!(qp_type, Rc | XrcSend),
             Tso => matches!(qp_type, Ud | RawPacket),
         }
     }
@@ -220,18 +223,21 @@ mod tests {
     #[test]
     fn seed_table_rows() {
         use QpType::*;
-        let allowed = |op: WrOpcode| [Ud, Uc, Rc, RawPacket].map(|t| op.allowed_on(t));
-        assert_eq!(allowed(WrOpcode::Send), [true, true, true, true]);
-        assert_eq!(allowed(WrOpcode::SendWithImm), [true, true, true, false]);
-        assert_eq!(allowed(WrOpcode::RdmaWrite), [false, true, true, false]);
-        assert_eq!(allowed(WrOpcode::RdmaWriteWithImm), [false, true, true, false]);
-        assert_eq!(allowed(WrOpcode::RdmaRead), [false, false, true, false]);
-        assert_eq!(allowed(WrOpcode::AtomicCmpAndSwp), [false, false, true, false]);
-        assert_eq!(allowed(WrOpcode::AtomicFetchAndAdd), [false, false, true, false]);
-        assert_eq!(allowed(WrOpcode::LocalInv), [false, true, true, false]);
-        assert_eq!(allowed(WrOpcode::BindMw), [false, true, true, false]);
-        assert_eq!(allowed(WrOpcode::SendWithInv), [false, true, true, false]);
-        assert_eq!(allowed(WrOpcode::Tso), [true, false, false, true]);
+        // The five columns of the seed table, in its order.
+        let allowed = |op: WrOpcode| [Ud, Uc, Rc, XrcSend, RawPacket].map(|t| op.allowed_on(t));
+        assert_eq!(allowed(WrOpcode::Send), [true, true, true, true, true]);
+        assert_eq!(allowed(WrOpcode::SendWithImm), [true, true, true, true, false]);
+        assert_eq!(allowed(WrOpcode::RdmaWrite), [false, true, true, true, false]);
+        assert_eq!(allowed(WrOpcode::RdmaWriteWithImm), [false, true, true, true, false]);
+        assert_eq!(allowed(WrOpcode::RdmaRead), [false, false, true, true, false]);
+        assert_eq!(allowed(WrOpcode::AtomicCmpAndSwp), [false, false, true, true, false]);
+        assert_eq!(allowed(WrOpcode::AtomicFetchAndAdd), [false, false, true, true, false]);
+        assert_eq!(allowed(WrOpcode::LocalInv), [false, true, true, true, false]);
+        assert_eq!(allowed(WrOpcode::BindMw), [false, true, true, true, false]);
+        assert_eq!(allowed(WrOpcode::SendWithInv), [false, true, true, true, false]);
+        assert_eq!(allowed(WrOpcode::Tso), [true, false, false, false, true]);
+        // The receiving half of XRC has no send queue.
+        assert!(WrOpcode::ALL.iter().all(|op| !op.allowed_on(XrcRecv)));
     }
 
     #[test]

@@ -16,6 +16,14 @@ pub enum QpType {
     /// Raw Ethernet frames (`IBV_QPT_RAW_PACKET`): SEND only, receives are whole frames at
     /// offset 0 of the buffer (no GRH), steered to the QP by flow rules ([`crate::verbs::FlowSpec`]).
     RawPacket = 8,
+    /// The sending half of an XRC connection (`IBV_QPT_XRC_SEND`, the "INI" QP): takes RC's
+    /// opcodes, has no receive queue, and names the target SRQ in every request
+    /// ([`crate::verbs::SendWr::xrc_srqn`]).
+    XrcSend = 9,
+    /// The receiving half of an XRC connection (`IBV_QPT_XRC_RECV`, the "TGT" QP): belongs to an
+    /// XRC domain, not a PD; has no send or receive queue of its own, and hands each message to
+    /// the XRC SRQ of its domain that the request names.
+    XrcRecv = 10,
 }
 
 impl QpType {
@@ -26,13 +34,36 @@ impl QpType {
             3 => Some(QpType::Uc),
             4 => Some(QpType::Ud),
             8 => Some(QpType::RawPacket),
+            9 => Some(QpType::XrcSend),
+            10 => Some(QpType::XrcRecv),
             _ => None,
         }
     }
 
-    /// Whether the QP is connected to exactly one remote QP.
+    /// Whether the QP is connected to exactly one remote QP (RC, UC, and both XRC halves).
     pub fn is_connected(self) -> bool {
-        matches!(self, QpType::Rc | QpType::Uc)
+        matches!(self, QpType::Rc | QpType::Uc | QpType::XrcSend | QpType::XrcRecv)
+    }
+
+    /// Whether requests are acknowledged and retried (RC and XRC): an error reaches the
+    /// requester's completion, an absent receive is an RNR wait rather than a drop.
+    pub fn is_reliable(self) -> bool {
+        matches!(self, QpType::Rc | QpType::XrcSend)
+    }
+
+    /// Whether this is one of the two XRC QP types.
+    pub fn is_xrc(self) -> bool {
+        matches!(self, QpType::XrcSend | QpType::XrcRecv)
+    }
+
+    /// The type of the QP at the other end of a connection of this type: XRC_SEND talks to
+    /// XRC_RECV and back; RC and UC talk to their own kind.
+    pub fn peer_type(self) -> QpType {
+        match self {
+            QpType::XrcSend => QpType::XrcRecv,
+            QpType::XrcRecv => QpType::XrcSend,
+            t => t,
+        }
     }
 }
 

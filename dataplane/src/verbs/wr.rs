@@ -121,6 +121,9 @@ pub struct SendWr {
     pub swap: u64,
     /// Destination of a UD send.
     pub ud: UdDest,
+    /// `qp_type.xrc.remote_srqn`: the XRC SRQ at the target that an XRC_SEND request goes to
+    /// (ignored on other QP types). Set it with [`SendWr::xrc_srqn`].
+    pub remote_srqn: u32,
     sge_start: u32,
     num_sge: u32,
     inline_start: u32,
@@ -135,6 +138,13 @@ impl SendWr {
     /// A SEND.
     pub fn send(wr_id: u64) -> SendWr {
         SendWr { wr_id, opcode: WrOpcode::Send, ..Default::default() }
+    }
+
+    /// This request sent on an XRC_SEND QP to the target's XRC SRQ `srqn`
+    /// (`wr.qp_type.xrc.remote_srqn`), e.g. `SendWr::send(id).xrc_srqn(srqn)`.
+    pub fn xrc_srqn(mut self, srqn: u32) -> SendWr {
+        self.remote_srqn = srqn;
+        self
     }
 
     /// A SEND_WITH_IMM carrying `imm`.

@@ -100,4 +100,8 @@ suite!(ShmHarness;
     raw_packet_too_small_buffer_fails_that_receive_only,
     raw_packet_tso_64k_arrives_as_mss_frames,
     raw_packet_tso_refusals,
+    xrc_send_opcode_column,
+    xrc_remote_srqn_routes_between_two_srqs,
+    xrc_srq_of_other_domain_refused,
+    xrc_srq_follows_the_srq_notes,
 );

@@ -11,6 +11,7 @@ use dataplane::verbs::*;
 use dataplane::{Context, Cq, MemRegion, Mr, Pd, Qp, Srq};
 
 pub use crate::post_list::*;
+pub use crate::xrc::*;
 
 /// Receive buffers start here in a node's buffer.
 const RX: usize = 64 << 10;
@@ -125,6 +126,7 @@ fn seed_table_allows(op: WrOpcode, t: QpType) -> bool {
         QpType::Uc => uc,
         QpType::Rc => rc,
         QpType::RawPacket => raw,
+        QpType::XrcSend | QpType::XrcRecv => unreachable!("the XRC column is xrc::seed_xrc_send_allows"),
     }
 }
 

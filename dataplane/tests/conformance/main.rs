@@ -11,6 +11,7 @@ mod harness;
 mod post_list;
 mod shm_only;
 mod two_process;
+mod xrc;
 
 use harness::Harness;
 
@@ -91,6 +92,10 @@ impl Harness for RdmaHarness {
 const RXE_NO_RAW: &str = "Soft-RoCE (rxe) has no RAW_PACKET QPs: ibv_create_qp(IBV_QPT_RAW_PACKET) answers EOPNOTSUPP \
      (the rdma provider says so naming the device)";
 
+/// Why the XRC cases cannot run on rxe.
+const RXE_NO_XRC: &str = "Soft-RoCE (rxe) has no XRC: IBV_DEVICE_XRC is not in its device_cap_flags, so open_xrcd and \
+     XRC QPs are refused with EOPNOTSUPP naming the device (checked by xrc_refused_naming_the_device)";
+
 /// Cases that cannot pass on rxe, with the reason.
 fn rdma_unsupported(case: &str) -> Option<&'static str> {
     RDMA_UNSUPPORTED.iter().find(|(c, _)| *c == case).map(|(_, why)| *why)
@@ -112,6 +117,10 @@ const RDMA_UNSUPPORTED: &[(&str, &str)] = &[
     ),
     ("raw_packet_tso_64k_arrives_as_mss_frames", RXE_NO_RAW),
     ("raw_packet_tso_refusals", RXE_NO_RAW),
+    ("xrc_send_opcode_column", RXE_NO_XRC),
+    ("xrc_remote_srqn_routes_between_two_srqs", RXE_NO_XRC),
+    ("xrc_srq_of_other_domain_refused", RXE_NO_XRC),
+    ("xrc_srq_follows_the_srq_notes", RXE_NO_XRC),
     (
         "raw_packet_flow_on_other_qp_types_einval",
         "the rdma provider has no ibv_create_flow binding yet (create_flow is EOPNOTSUPP there)",
@@ -232,5 +241,28 @@ mod rdma {
             .expect("rxe gave a RAW_PACKET QP");
         assert_eq!(e.errno, dataplane::verbs::Errno::EOPNOTSUPP, "{e}");
         assert!(e.msg.contains("does not give RAW_PACKET QPs") && e.msg.contains("rxe"), "{e}");
+    }
+
+    /// On rxe (inside tools/rxe-vm), which lacks IBV_DEVICE_XRC, opening an XRC domain and
+    /// creating an XRC_SEND QP fail with EOPNOTSUPP and a sentence naming the device; elsewhere
+    /// NOT RUN.
+    #[test]
+    fn xrc_refused_naming_the_device() {
+        use dataplane::Context;
+        if !RdmaHarness::enabled() {
+            println!("conformance case xrc_refused_naming_the_device NOT RUN on rdma: set DP_CONFORMANCE_RDMA=1 inside tools/rxe-vm (tools/rxe-vm/conformance.sh)");
+            return;
+        }
+        let a = crate::harness::Node::<RdmaHarness>::open("xrc-refused", 0);
+        assert!(!a.ctx.caps().xrc, "rxe reports IBV_DEVICE_XRC: run the XRC cases instead");
+        let e = a.ctx.open_xrcd().err().expect("rxe opened an XRC domain");
+        assert_eq!(e.errno, dataplane::verbs::Errno::EOPNOTSUPP, "{e}");
+        assert!(e.msg.contains("XRC not supported by device rxe"), "{e}");
+        let e = a
+            .try_qp(dataplane::verbs::QpType::XrcSend, Default::default(), None, false)
+            .err()
+            .expect("rxe gave an XRC_SEND QP");
+        assert_eq!(e.errno, dataplane::verbs::Errno::EOPNOTSUPP, "{e}");
+        assert!(e.msg.contains("XRC not supported by device rxe"), "{e}");
     }
 }

@@ -398,3 +398,109 @@ fn tso_frames_read_back_by_tcpdump() {
     assert!(segs[1..45].iter().all(|l| l.contains("Flags [.]")), "ACK alone in the middle");
     assert!(segs[45].contains("Flags [FP.]"), "FIN|PSH|ACK on the last: {}", segs[45]);
 }
+
+/// XRC QPs on `shm`: how they are made and what they refuse. An XRC_RECV QP belongs to a
+/// domain, so `Pd::create_qp` refuses that type; an XRC QP takes no SRQ at creation; neither
+/// half has a receive queue (post_recv: EINVAL); nothing can be posted to send on XRC_RECV
+/// (EINVAL, bad_wr 0); `ready()` (the UD bring-up) refuses both halves; an XRC SRQ of another
+/// fabric's domain is refused.
+#[test]
+fn xrc_qp_creation_and_queue_rules() {
+    use dataplane::{Context, Pd, Srq, Xrcd};
+    type H = ShmHarness;
+    let a = Node::<H>::open("xrc-rules", 0);
+    let b = Node::<H>::open("xrc-rules", 1);
+    let xrcd = b.ctx.open_xrcd().unwrap();
+    assert!(b.ctx.caps().xrc);
+    let e = b.try_qp(QpType::XrcRecv, QpCaps::default(), None, false).err().expect("XRC_RECV from a PD");
+    assert_eq!(e.errno, Errno::EINVAL, "{e}");
+    let srq = b.pd.create_srq_xrc(&SrqAttr { max_wr: 8, max_sge: 1, srq_limit: 0 }, &xrcd, &b.rcq).unwrap();
+    let e = a.try_qp(QpType::XrcSend, QpCaps::default(), Some(&srq), false).err().expect("XRC_SEND with an SRQ");
+    assert_eq!(e.errno, Errno::EINVAL, "{e}");
+    let mut qs = a.qp(QpType::XrcSend, QpCaps::default(), None, false);
+    let mut qr = xrcd.create_recv_qp().unwrap();
+    assert_eq!(qs.caps().max_recv_wr, 0);
+    for q in [&mut qs, &mut qr] {
+        let e = q.ready(&ConnectOpts::default()).unwrap_err();
+        assert_eq!(e.errno, Errno::EINVAL, "{e}");
+    }
+    connect::<H>(&mut qs, &mut qr, &ConnOpts::default());
+    for q in [&mut qs, &mut qr] {
+        let e = q.post_recv(&RecvChain::one(1, &[b.sge(0, 8)])).unwrap_err();
+        assert_eq!((e.errno, e.bad_wr), (Errno::EINVAL, 0), "{e}");
+        assert!(e.reason.contains("XRC"), "{e}");
+    }
+    let e = qr.post_send(&SendChain::one(SendWr::send(1), &[b.sge(0, 8)])).unwrap_err();
+    assert_eq!((e.errno, e.bad_wr), (Errno::EINVAL, 0), "{e}");
+    let other = Node::<H>::open("xrc-rules-other-fabric", 0);
+    let foreign = other.ctx.open_xrcd().unwrap();
+    let e = b.pd.create_srq_xrc(&SrqAttr { max_wr: 8, max_sge: 1, srq_limit: 0 }, &foreign, &b.rcq).err();
+    assert_eq!(e.expect("XRC SRQ in another fabric's domain").errno, Errno::EINVAL);
+    let _ = srq.srq_num();
+}
+
+/// The last three cells of the XRC_SEND column: LOCAL_INV and BIND_MW run on the XRC_SEND QP's
+/// own side (windows of its PD), and SEND_WITH_INV invalidates a window of the target SRQ's PD
+/// on arrival, the receive completing WITH_INV on the SRQ's CQ.
+#[test]
+fn xrc_memory_window_opcodes() {
+    use dataplane::{Context, Mr, Pd, Srq, Xrcd};
+    type H = ShmHarness;
+    let all = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::MW_BIND;
+    let mut a = Node::<H>::open_with("xrc-mw", 0, all);
+    let mut b = Node::<H>::open_with("xrc-mw", 1, all);
+    let xrcd = b.ctx.open_xrcd().unwrap();
+    let mut srq = b.pd.create_srq_xrc(&SrqAttr { max_wr: 8, max_sge: 1, srq_limit: 0 }, &xrcd, &b.rcq).unwrap();
+    let mut qs = a.qp(QpType::XrcSend, QpCaps::default(), None, false);
+    let mut qr = xrcd.create_recv_qp().unwrap();
+    connect::<H>(&mut qs, &mut qr, &ConnOpts::default());
+    let srqn = srq.srq_num();
+    let post = |qs: &mut QpOf<H>, wr: SendWr, sges: &[Sge]| {
+        qs.post_send(&SendChain::one(wr.signaled().xrc_srqn(srqn), sges)).expect("post_send");
+    };
+    // BIND_MW, then LOCAL_INV, on the sender's own window.
+    let mw = a.pd.alloc_mw().unwrap();
+    let k1 = inc_rkey(mw.rkey());
+    let bind = MwBind {
+        new_rkey: k1,
+        mr_lkey: a.mr.lkey(),
+        addr: a.addr(8192),
+        length: 64,
+        access: AccessFlags::REMOTE_WRITE,
+    };
+    post(&mut qs, SendWr::bind_mw(1, mw.rkey(), bind), &[]);
+    let wc = poll_one(&mut a.scq);
+    assert_eq!((wc.status, wc.opcode), (WcStatus::Success, WcOpcode::BindMw));
+    assert_eq!(mw.rkey(), k1);
+    post(&mut qs, SendWr::local_inv(2, k1), &[]);
+    let wc = poll_one(&mut a.scq);
+    assert_eq!((wc.status, wc.opcode), (WcStatus::Success, WcOpcode::LocalInv));
+    // SEND_WITH_INV of a window of the target's PD: bound by a plain RC QP on `b`.
+    let bmw = b.pd.alloc_mw().unwrap();
+    let (mut qb, _qc) = {
+        let c = Node::<H>::open_with("xrc-mw", 2, all);
+        let (mut x, mut y) =
+            (b.qp(QpType::Rc, QpCaps::default(), None, false), c.qp(QpType::Rc, QpCaps::default(), None, false));
+        connect::<H>(&mut x, &mut y, &ConnOpts::default());
+        (x, (y, c))
+    };
+    let kb = inc_rkey(bmw.rkey());
+    let bind = MwBind {
+        new_rkey: kb,
+        mr_lkey: b.mr.lkey(),
+        addr: b.addr(8192),
+        length: 64,
+        access: AccessFlags::REMOTE_WRITE,
+    };
+    qb.post_send(&SendChain::one(SendWr::bind_mw(3, bmw.rkey(), bind).signaled(), &[])).unwrap();
+    assert!(poll_one(&mut b.scq).is_ok());
+    srq.post_recv(&RecvChain::one(40, &[b.sge(0, 64)])).unwrap();
+    post(&mut qs, SendWr::send_with_inv(4, kb), &[a.sge(0, 8)]);
+    assert!(poll_one(&mut a.scq).is_ok());
+    let r = poll_one(&mut b.rcq);
+    assert_eq!((r.wr_id, r.qp_num, r.imm_data), (40, qr.qp_num(), kb));
+    assert!(r.wc_flags.contains(WcFlags::WITH_INV));
+    // The window is gone: a write through it is refused.
+    post(&mut qs, SendWr::write(5, b.addr(8192), kb), &[a.sge(0, 8)]);
+    assert_eq!(poll_one(&mut a.scq).status, WcStatus::RemAccessErr);
+}
