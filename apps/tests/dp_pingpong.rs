@@ -72,3 +72,33 @@ fn srq_qp_counts_that_differ_are_named_on_both_sides() {
     assert!(se.contains("peer has 2 QPs, -q is 16 (give both sides the same -q)"), "server: {se}");
     assert!(ce.contains("peer has 16 QPs, -q is 2 (give both sides the same -q)"), "client: {ce}");
 }
+
+/// `--xrc` (`ibv_xsrq_pingpong`): one client, then three. With three, the server sends client
+/// i's messages on the connection of client (i + count) % 3, so every client's XRC_RECV QP
+/// delivers into the SRQs of the other clients' processes (one domain, `/tmp/xrc_domain`):
+/// each side counts exactly its messages (the server 3 x n) and says success, in event mode
+/// too.
+#[test]
+fn xrc_pingpong_one_and_three_clients() {
+    for (clients, extra) in [(1usize, &["--xrc", "-n", "200", "-s", "64"][..]), (3, &["--xrc", "-e", "-n", "40"][..])] {
+        let port = free_port();
+        let n: usize = extra[extra.iter().position(|a| *a == "-n").unwrap() + 1].parse().unwrap();
+        let server = spawn(&port, &[extra, &["--clients", &clients.to_string()]].concat(), None);
+        std::thread::sleep(Duration::from_millis(300));
+        let cs: Vec<_> = (0..clients)
+            .map(|_| {
+                let c = spawn(&port, extra, Some("127.0.0.1"));
+                std::thread::sleep(Duration::from_millis(100));
+                c
+            })
+            .collect();
+        let outs: Vec<_> = cs.into_iter().map(|c| wait_within(c, Duration::from_secs(60), "client")).collect();
+        let s = wait_within(server, Duration::from_secs(30), "server");
+        for (who, o, msgs) in std::iter::once(("server", &s, clients * n)).chain(outs.iter().map(|o| ("client", o, n)))
+        {
+            let out = text(&o.stdout);
+            assert!(o.status.success(), "{clients} clients, {who}: {}{out}", text(&o.stderr));
+            assert!(out.contains(&format!("{msgs} messages in")) && out.ends_with("success\n"), "{who}: {out}");
+        }
+    }
+}

@@ -200,6 +200,106 @@ pub fn server_exchange_on(
     Ok(remotes)
 }
 
+// The exchange of `ibv_xsrq_pingpong` (XRC): one 66-byte message per side,
+// `LLLL:RRRRRR:SSSSSS:PPPPPP:QQQQQQ:GGGG...` (LID, the XRC_RECV and XRC_SEND QPNs, the PSN,
+// the XRC SRQ number, the GID as 32 hex digits) with a NUL, and `END\0` at the end.
+
+/// What one side of an XRC pingpong tells the other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct XrcEndpoint {
+    /// LID of the port.
+    pub lid: u16,
+    /// The XRC_RECV QP the peer's XRC_SEND QP connects to.
+    pub recv_qpn: u32,
+    /// The XRC_SEND QP the peer's XRC_RECV QP connects to.
+    pub send_qpn: u32,
+    /// PSN the peer's QPs start their receive side at (and ours send with).
+    pub psn: u32,
+    /// The XRC SRQ the peer's requests name (`remote_srqn`).
+    pub srqn: u32,
+    /// GID of the port.
+    pub gid: [u8; 16],
+}
+
+/// Size of one XRC exchange message, with its NUL.
+pub const XRC_MSG_LEN: usize = 66;
+
+/// Encodes `ep` as one XRC exchange message. QPNs, PSN and SRQN are 24-bit on the wire.
+pub fn encode_xrc(ep: &XrcEndpoint) -> [u8; XRC_MSG_LEN] {
+    let m = 0xff_ffff;
+    let mut s = format!(
+        "{:04x}:{:06x}:{:06x}:{:06x}:{:06x}:",
+        ep.lid,
+        ep.recv_qpn & m,
+        ep.send_qpn & m,
+        ep.psn & m,
+        ep.srqn & m
+    );
+    for b in ep.gid {
+        s.push_str(&format!("{b:02x}"));
+    }
+    let mut out = [0u8; XRC_MSG_LEN];
+    out[..s.len()].copy_from_slice(s.as_bytes());
+    out
+}
+
+/// Decodes one XRC exchange message. Errors: `EINVAL` for anything that is not the format.
+pub fn decode_xrc(msg: &[u8]) -> Result<XrcEndpoint> {
+    if msg.len() != XRC_MSG_LEN || msg[XRC_MSG_LEN - 1] != 0 {
+        return Err(bad(msg, "XRC message of the wrong length or not NUL-terminated"));
+    }
+    if [4, 11, 18, 25, 32].iter().any(|&i| msg[i] != b':') {
+        return Err(bad(msg, "XRC message separators"));
+    }
+    let hex = |r: std::ops::Range<usize>| -> Result<u32> {
+        let s = std::str::from_utf8(&msg[r]).map_err(|_| bad(msg, "not ASCII"))?;
+        if !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(bad(msg, "not hex"));
+        }
+        u32::from_str_radix(s, 16).map_err(|_| bad(msg, "not hex"))
+    };
+    let mut gid = [0u8; 16];
+    for (i, g) in gid.iter_mut().enumerate() {
+        *g = hex(33 + 2 * i..35 + 2 * i)? as u8;
+    }
+    Ok(XrcEndpoint {
+        lid: hex(0..4)? as u16,
+        recv_qpn: hex(5..11)?,
+        send_qpn: hex(12..18)?,
+        psn: hex(19..25)?,
+        srqn: hex(26..32)?,
+        gid,
+    })
+}
+
+/// Writes `ep` as one XRC exchange message to `w`.
+pub fn write_xrc(w: &mut impl Write, ep: &XrcEndpoint) -> Result<()> {
+    w.write_all(&encode_xrc(ep)).map_err(|e| io_err("sending the XRC connection message", e))
+}
+
+/// Reads one XRC exchange message from `r`; errors as [`read_endpoint`].
+pub fn read_xrc(r: &mut impl Read) -> Result<XrcEndpoint> {
+    let mut buf = [0u8; XRC_MSG_LEN];
+    r.read_exact(&mut buf).map_err(|e| io_err("reading the XRC connection message", e))?;
+    decode_xrc(&buf)
+}
+
+/// Sends `END\0`, the termination message of `ibv_xsrq_pingpong`.
+pub fn write_end(w: &mut impl Write) -> Result<()> {
+    w.write_all(b"END\0").map_err(|e| io_err("sending the termination message", e))
+}
+
+/// Reads the termination message. Errors: `EIO` when the peer closes, `EINVAL` for anything
+/// but `END\0`.
+pub fn read_end(r: &mut impl Read) -> Result<()> {
+    let mut buf = [0u8; 4];
+    r.read_exact(&mut buf).map_err(|e| io_err("reading the termination message", e))?;
+    if &buf != b"END\0" {
+        return Err(bad(&buf, "expected END"));
+    }
+    Ok(())
+}
+
 // Building blocks for programs with their own exchange (dp-perf): the same endpoint message on
 // any stream, a memory descriptor message, and a client connect that waits for the server.
 
@@ -296,6 +396,26 @@ pub fn connect_retry(host: &str, port: u16, patience: std::time::Duration) -> Re
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn xrc_message_round_trips_and_refuses_garbage() {
+        let ep = XrcEndpoint { lid: 7, recv_qpn: 0x12345, send_qpn: 0xabcdef, psn: 0x42, srqn: 0x301, gid: [0xfe; 16] };
+        let m = encode_xrc(&ep);
+        assert_eq!(&m[..33], b"0007:012345:abcdef:000042:000301:");
+        assert_eq!(m[XRC_MSG_LEN - 1], 0);
+        assert_eq!(decode_xrc(&m).unwrap(), ep);
+        let mut bad = m;
+        bad[11] = b'-';
+        assert_eq!(decode_xrc(&bad).unwrap_err().errno, Errno::EINVAL);
+        let mut bad = m;
+        bad[40] = b'z';
+        assert_eq!(decode_xrc(&bad).unwrap_err().errno, Errno::EINVAL);
+        assert_eq!(decode_xrc(&m[..40]).unwrap_err().errno, Errno::EINVAL);
+        let mut v = Vec::new();
+        write_end(&mut v).unwrap();
+        read_end(&mut v.as_slice()).unwrap();
+        assert_eq!(read_end(&mut &b"ENF\0"[..]).unwrap_err().errno, Errno::EINVAL);
+    }
 
     #[test]
     fn round_trip_and_exact_format() {

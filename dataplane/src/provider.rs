@@ -76,6 +76,16 @@ pub trait Context<P: Provider>: Send + Sync {
     fn open_xrcd(&self) -> Result<P::Xrcd> {
         Err(Error::new(Errno::EOPNOTSUPP, format!("XRC not supported by this {} device", P::NAME)))
     }
+    /// Opens the XRC domain of `file` (`ibv_open_xrcd` with its descriptor and `O_CREAT`):
+    /// every context, in any process, that opens a domain with the same file (the same inode)
+    /// gets the same domain, so an XRC_RECV QP of one process may hand messages to an XRC SRQ
+    /// of another (`ibv_xsrq_pingpong` opens `/tmp/xrc_domain`).
+    ///
+    /// Errors: as [`open_xrcd`](Self::open_xrcd); the errno of `fstat` for a file that cannot be examined.
+    fn open_xrcd_file(&self, file: &std::fs::File) -> Result<P::Xrcd> {
+        let _ = file;
+        self.open_xrcd()
+    }
 }
 
 /// An XRC domain (`struct ibv_xrcd`): the scope in which XRC_RECV QPs hand messages to XRC SRQs.

@@ -218,7 +218,11 @@ impl crate::Context<Shm> for ShmContext {
     }
 
     fn open_xrcd(&self) -> Result<ShmXrcd> {
-        ShmXrcd::open(&self.inner)
+        ShmXrcd::open(&self.inner, None)
+    }
+
+    fn open_xrcd_file(&self, file: &std::fs::File) -> Result<ShmXrcd> {
+        ShmXrcd::open(&self.inner, Some(xrc::id_of_file(file)?))
     }
 
     fn poll_async_event(&self) -> Option<AsyncEvent> {

@@ -8,6 +8,10 @@
 //! `-c` (`--chk`, RC only): the received buffer is validated the way rdma-core does it; `-e`
 //! (`--events`): wait for completion events on a completion channel instead of busy-polling.
 //!
+//! `--xrc`: XRC_SEND/XRC_RECV QPs into one XRC SRQ per process, compatible with
+//! `ibv_xsrq_pingpong` (see `xrc.rs`; its `-c N` is `--clients N` here, as `-c` is `--chk`,
+//! and its `-n` defaults to 5 there, 1000 here).
+//!
 //! `--provider shm` runs the same program on the shared-memory device (both processes on one
 //! fabric, `--fabric`), so it can be tested without an RDMA device.
 
@@ -20,6 +24,8 @@ use dataplane::verbs::*;
 use dataplane::{Context, Cq, MemRegion, Mr, Pd, Provider, Qp, QpInitAttr, Srq};
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
+
+mod xrc;
 
 #[derive(Parser, Debug)]
 #[command(about = "RC pingpong compatible with rdma-core's ibv_rc_pingpong")]
@@ -55,6 +61,13 @@ struct Args {
     /// RC QPs sharing one SRQ, compatible with `ibv_srq_pingpong` (`-q` QPs).
     #[arg(long)]
     srq: bool,
+    /// XRC: XRC_SEND and XRC_RECV QPs and an XRC SRQ, compatible with `ibv_xsrq_pingpong`
+    /// (`-n` is then the number of messages per client).
+    #[arg(long, conflicts_with_all = ["ud", "srq", "chk"])]
+    xrc: bool,
+    /// Clients the `--xrc` server takes (`ibv_xsrq_pingpong -c`).
+    #[arg(long, default_value_t = 1, requires = "xrc")]
+    clients: u32,
     /// Number of QPs with `--srq`.
     #[arg(short = 'q', long = "num-qp", default_value_t = 16)]
     num_qp: u32,
@@ -171,6 +184,9 @@ fn check_peer_qps(remotes: &[Endpoint], nq: usize) -> Result<()> {
 }
 
 fn run<P: Device>(a: &Args) -> Result<()> {
+    if a.xrc {
+        return xrc::run::<P>(a);
+    }
     if a.size == 0 || a.rx_depth == 0 || a.iters == 0 {
         return Err(Error::new(Errno::EINVAL, "size, rx-depth and iters must be > 0"));
     }
