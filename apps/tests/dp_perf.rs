@@ -150,6 +150,10 @@ fn client_and_server_in_two_processes() {
         ("read_bw", &[][..]),
         ("atomic_lat", &[][..]),
         ("send_lat", &["-c", "UD"][..]),
+        ("send_bw", &["-c", "XRC", "-q", "2", "-l", "4"][..]),
+        ("write_bw", &["-c", "XRC"][..]),
+        ("read_lat", &["-c", "XRC"][..]),
+        ("atomic_bw", &["-c", "XRC"][..]),
     ] {
         let port = free_port();
         let fabric = format!("dp-perf-test-{}-{port}", std::process::id());
@@ -171,6 +175,9 @@ fn client_and_server_in_two_processes() {
             assert_eq!(number(line, "MsgSize"), size, "{line}");
             assert_eq!(number(line, "n_iterations"), 3000.0, "{line}");
             assert!(line.contains("\"Data_ex_method\":\"Ethernet\""), "{line}");
+            if extra.contains(&"XRC") {
+                assert!(line.contains("\"Connection_type\":\"XRC\""), "{line}");
+            }
         }
         // The server took the client's parameters and printed the client's numbers.
         let key = if test.ends_with("_lat") { "t_typical" } else { "BW_average" };

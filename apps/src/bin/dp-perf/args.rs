@@ -48,9 +48,11 @@ impl Test {
     }
 }
 
-/// Transport (`-c`).
+/// Transport (`-c`). The variants are spelled as perftest's `-c` values (and its JSON
+/// `Connection_type`), which clap prints verbatim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 #[value(rename_all = "verbatim")]
+#[allow(clippy::upper_case_acronyms)]
 pub enum Conn {
     /// Reliable connected.
     RC,
@@ -58,6 +60,9 @@ pub enum Conn {
     UC,
     /// Unreliable datagram.
     UD,
+    /// Extended reliable connected: per QP an XRC_SEND QP and an XRC_RECV QP, and one XRC SRQ
+    /// per end that every message lands in (perftest's `-c XRC`).
+    XRC,
 }
 
 /// Provider (`--provider`).

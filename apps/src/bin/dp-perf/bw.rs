@@ -56,6 +56,8 @@ pub fn wr_for(
     if let Some((ah, qpn)) = dest {
         wr = wr.to(ah, qpn, QKEY);
     }
+    // XRC: the SRQ the request lands in (ignored on other QP types).
+    wr = wr.xrc_srqn(server.srqn);
     if size <= inline as u64 && wr.opcode.inline_allowed() {
         wr = wr.inline();
     }

@@ -193,7 +193,10 @@ fn loopback<P: Backend>(args: &Args) -> Res<()> {
         );
         s.connect(args, &ec).map_err(err("server connect"))?;
         c.connect(args, &es).map_err(err("client connect"))?;
-        let (to_c, to_s) = (Remote::new(&c.mem(), c.slot)?, Remote::new(&s.mem(), s.slot)?);
+        let (to_c, to_s) = (
+            Remote::new(&c.mem(), c.slot)?.with_srqn(s.peer_srqn),
+            Remote::new(&s.mem(), s.slot)?.with_srqn(c.peer_srqn),
+        );
         prepare(args.test, &mut s, args, true)?;
         prepare(args.test, &mut c, args, false)?;
         let sh = Shared::default();
@@ -254,9 +257,9 @@ fn client_size<P: Backend>(args: &Args, ctx: &P::Context, ctl: &mut Ctl, size: u
     ctl.send(&format!("size {size} qps {}", c.qps.len()))?;
     ctl.send_addrs(&c.endpoints(args.gid_index).map_err(err("endpoint"))?, &c.mem())?;
     ctl.expect("ready", SETUP_TIMEOUT)?;
-    let (eps, mem) = ctl.recv_addrs(c.qps.len())?;
+    let (eps, mem) = ctl.recv_addrs(c.wire_len())?;
     c.connect(args, &eps).map_err(err("connect"))?;
-    let to_s = Remote::new(&mem, c.slot)?;
+    let to_s = Remote::new(&mem, c.slot)?.with_srqn(c.peer_srqn);
     let sh = Shared::default();
     let (o, theirs) = std::thread::scope(|sc| {
         let t = sc.spawn(|| {
@@ -312,9 +315,9 @@ fn server_run<P: Backend>(args: &mut Args, ctl: &mut Ctl) -> Res<()> {
             return Err(format!("the client announced size {rest:?}, expected {size} qps {}", args.qps));
         }
         let mut s = End::<P>::open(&ctx, args, size, inline, true).map_err(err("setup"))?;
-        let (eps, mem) = ctl.recv_addrs(s.qps.len())?;
+        let (eps, mem) = ctl.recv_addrs(s.wire_len())?;
         s.connect(args, &eps).map_err(err("connect"))?;
-        let to_c = Remote::new(&mem, s.slot)?;
+        let to_c = Remote::new(&mem, s.slot)?.with_srqn(s.peer_srqn);
         prepare(args.test, &mut s, args, true)?;
         ctl.send("ready")?;
         ctl.send_addrs(&s.endpoints(args.gid_index).map_err(err("endpoint"))?, &s.mem())?;

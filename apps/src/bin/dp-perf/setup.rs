@@ -8,7 +8,7 @@ use dataplane::mem::{HugePolicy, PageSize};
 use dataplane::rdma::{Rdma, RdmaConfig};
 use dataplane::shm::{Shm, ShmConfig};
 use dataplane::verbs::*;
-use dataplane::{Ah, Context, Mr, Pd, Provider, Qp, QpInitAttr};
+use dataplane::{Ah, Context, Mr, Pd, Provider, Qp, QpInitAttr, Srq, Xrcd};
 
 /// Q_Key used for UD.
 pub const QKEY: u32 = 0x1111_1111;
@@ -19,7 +19,7 @@ const MEM_CAP: u64 = 64 << 20;
 
 /// What differs between providers. The objects of one end move to its test thread.
 pub trait Backend:
-    Provider<Region: Send, Mr: Send, Cq: Send, Qp: Send, Srq: Send, Ah: Send, Pd: Send, Context: Sync>
+    Provider<Region: Send, Mr: Send, Cq: Send, Qp: Send, Srq: Send, Ah: Send, Pd: Send, Xrcd: Send, Context: Sync>
 {
     /// Minimum RNR NAK timer code for RC receivers: shm retries in software, so the shortest
     /// (10 µs); rdma uses perftest's 12 (0.64 ms).
@@ -119,10 +119,16 @@ pub struct End<P: Provider> {
     pub scq: P::Cq,
     /// Receive CQ of all QPs.
     pub rcq: P::Cq,
-    /// The QPs.
+    /// The QPs (XRC: the XRC_SEND QPs).
     pub qps: Vec<P::Qp>,
-    /// SRQ, with --use-srq.
+    /// XRC: the XRC_RECV QPs, one per QP, that the peer's XRC_SEND QPs connect to.
+    tgts: Vec<P::Qp>,
+    /// SRQ, with --use-srq; with XRC, always: the XRC SRQ every message lands in.
     pub srq: Option<P::Srq>,
+    /// XRC: the domain of the SRQ and the XRC_RECV QPs.
+    xrcd: Option<P::Xrcd>,
+    /// XRC: the peer's SRQ number, which every request names (0 otherwise).
+    pub peer_srqn: u32,
     /// UD: destination (address handle, QPN) of each QP's peer.
     pub dests: Vec<Option<(AhHandle, u32)>>,
     /// Bytes per buffer slot.
@@ -154,16 +160,21 @@ impl<P: Backend> End<P> {
         let mr = pd.reg_mr(&region, 0, mem, access)?;
         let nq = args.qps;
         let scq = ctx.create_cq(args.tx_depth.saturating_mul(nq).max(64))?;
-        let srq = if server && args.use_srq {
-            Some(pd.create_srq(&SrqAttr { max_wr: args.rx_depth, max_sge: 1, srq_limit: 0 })?)
-        } else {
-            None
+        let xrc = args.conn == Conn::XRC;
+        let one_rq = xrc || (server && args.use_srq);
+        let rcq = ctx.create_cq(args.rx_depth.saturating_mul(if one_rq { 1 } else { nq }).max(64))?;
+        let srq_attr = SrqAttr { max_wr: args.rx_depth, max_sge: 1, srq_limit: 0 };
+        let xrcd = if xrc { Some(ctx.open_xrcd()?) } else { None };
+        let srq = match &xrcd {
+            Some(d) => Some(pd.create_srq_xrc(&srq_attr, d, &rcq)?),
+            None if server && args.use_srq => Some(pd.create_srq(&srq_attr)?),
+            None => None,
         };
-        let rcq = ctx.create_cq(args.rx_depth.saturating_mul(if srq.is_some() { 1 } else { nq }).max(64))?;
         let qp_type = match args.conn {
             Conn::RC => QpType::Rc,
             Conn::UC => QpType::Uc,
             Conn::UD => QpType::Ud,
+            Conn::XRC => QpType::XrcSend,
         };
         let cap = QpCaps {
             max_send_wr: args.tx_depth,
@@ -176,15 +187,48 @@ impl<P: Backend> End<P> {
         // INIT now (receives are posted before the exchange); connect() finishes the bring-up.
         let init = ConnectOpts { port_num: args.ib_port, qkey: QKEY, access: remote, ..Default::default() };
         let mut qps = Vec::with_capacity(nq as usize);
+        let mut tgts = Vec::new();
+        let qp_srq = if xrc { None } else { srq.as_ref() };
         for _ in 0..nq {
-            let attr = QpInitAttr { send_cq: &scq, recv_cq: &rcq, srq: srq.as_ref(), cap, qp_type, sq_sig_all: false };
+            let attr = QpInitAttr { send_cq: &scq, recv_cq: &rcq, srq: qp_srq, cap, qp_type, sq_sig_all: false };
             let mut qp = pd.create_qp(&attr)?;
             qp.bring_up_to_init(&init)?;
             qps.push(qp);
+            if let Some(d) = &xrcd {
+                let mut t = d.create_recv_qp()?;
+                t.bring_up_to_init(&init)?;
+                tgts.push(t);
+            }
         }
         let psn = (std::process::id().wrapping_mul(2654435761) ^ size as u32) & 0xff_ffff;
         let dests = vec![None; nq as usize];
-        Ok(End { region, mr, scq, rcq, qps, srq, dests, slot, slots, ahs: Vec::new(), psn, pd })
+        Ok(End {
+            region,
+            mr,
+            scq,
+            rcq,
+            qps,
+            tgts,
+            srq,
+            xrcd,
+            peer_srqn: 0,
+            dests,
+            slot,
+            slots,
+            ahs: Vec::new(),
+            psn,
+            pd,
+        })
+    }
+
+    /// How many endpoint messages this end exchanges: one per QP; with XRC, one per XRC_SEND
+    /// QP, one per XRC_RECV QP, and one more whose QPN field carries the XRC SRQ's number.
+    pub fn wire_len(&self) -> usize {
+        if self.xrcd.is_some() {
+            2 * self.qps.len() + 1
+        } else {
+            self.qps.len()
+        }
     }
 
     fn psn_of(&self, q: usize) -> u32 {
@@ -199,6 +243,15 @@ impl<P: Backend> End<P> {
             ep.psn = self.psn_of(q);
             out.push(ep);
         }
+        if self.xrcd.is_some() {
+            for (q, t) in self.tgts.iter().enumerate() {
+                let mut ep = t.endpoint(gid_index)?;
+                ep.psn = self.psn_of(q);
+                out.push(ep);
+            }
+            let srqn = self.srq.as_ref().map_or(0, |s| s.srq_num());
+            out.push(Endpoint { qpn: srqn, ..Default::default() });
+        }
         Ok(out)
     }
 
@@ -209,13 +262,21 @@ impl<P: Backend> End<P> {
 
     /// Brings QP `q` to RTS towards `peers[q]` (UD: makes an address handle for each peer).
     pub fn connect(&mut self, args: &Args, peers: &[Endpoint]) -> Result<()> {
-        if peers.len() != self.qps.len() {
+        if peers.len() != self.wire_len() {
             return Err(Error::new(
                 Errno::EINVAL,
-                format!("the peer has {} QPs, this end {}", peers.len(), self.qps.len()),
+                format!("the peer sent {} endpoints, this end expects {}", peers.len(), self.wire_len()),
             ));
         }
-        for (q, peer) in peers.iter().enumerate() {
+        let nq = self.qps.len();
+        // XRC: our XRC_SEND QP q connects to the peer's XRC_RECV QP q, our XRC_RECV QP q to the
+        // peer's XRC_SEND QP q.
+        let (sends, rest) = peers.split_at(nq);
+        if self.xrcd.is_some() {
+            self.peer_srqn = rest[nq].qpn;
+        }
+        for (q, peer) in sends.iter().enumerate() {
+            let peer = if self.xrcd.is_some() { &rest[q] } else { peer };
             let addr = PeerAddr::from_endpoint(peer, args.ib_port, args.gid_index);
             let opts = ConnectOpts {
                 port_num: args.ib_port,
@@ -232,6 +293,9 @@ impl<P: Backend> End<P> {
                 qp.ready(&opts)?;
             } else {
                 qp.connect(&addr, &opts)?;
+            }
+            if let Some(t) = self.tgts.get_mut(q) {
+                t.connect(&PeerAddr::from_endpoint(&sends[q], args.ib_port, args.gid_index), &opts)?;
             }
             if qp.qp_type() == QpType::Ud {
                 let a = self.pd.create_ah(&addr.ah)?;
@@ -268,6 +332,8 @@ pub struct Remote {
     pub rkey: u32,
     slot: u64,
     slots: u64,
+    /// XRC: the peer's SRQ, named by every request (0 otherwise).
+    pub srqn: u32,
 }
 
 impl Remote {
@@ -277,7 +343,13 @@ impl Remote {
         if m.len < slot || slot == 0 {
             return Err(format!("the peer's buffer ({} bytes) is smaller than one message slot ({slot})", m.len));
         }
-        Ok(Remote { base: m.addr, rkey: m.rkey, slot, slots: m.len / slot })
+        Ok(Remote { base: m.addr, rkey: m.rkey, slot, slots: m.len / slot, srqn: 0 })
+    }
+
+    /// This remote, its requests naming XRC SRQ `srqn` ([`End::peer_srqn`]).
+    pub fn with_srqn(mut self, srqn: u32) -> Remote {
+        self.srqn = srqn;
+        self
     }
 
     /// Address of the peer's slot `i`.
