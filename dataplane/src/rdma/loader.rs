@@ -676,6 +676,107 @@ pub unsafe fn post_srq_ops(
     }
 }
 
+/// The errno of the call that just failed (0 read as EIO: a provider that returned NULL
+/// without setting errno still failed).
+fn last_errno_raw() -> c_int {
+    match std::io::Error::last_os_error().raw_os_error() {
+        Some(0) | None => libc::EIO,
+        Some(e) => e,
+    }
+}
+
+/// `ibv_open_xrcd` as verbs.h's inline does it: `verbs_context::open_xrcd`.
+///
+/// Returns the domain, or an errno value: `EOPNOTSUPP` when the provider has no such op.
+///
+/// # Safety
+/// `ctx` is a live context of this library; `attr` is valid for reads and writes.
+pub unsafe fn open_xrcd(
+    ctx: *mut sys::ibv_context,
+    attr: *mut sys::ibv_xrcd_init_attr,
+) -> std::result::Result<std::ptr::NonNull<sys::ibv_xrcd>, c_int> {
+    // SAFETY: `ctx` is live (caller).
+    match unsafe { verbs_ctx_op!(ctx, open_xrcd) } {
+        None => Err(libc::EOPNOTSUPP),
+        // SAFETY: the provider's open_xrcd with the caller's valid pointers.
+        Some(f) => std::ptr::NonNull::new(unsafe { f(ctx, attr) }).ok_or_else(last_errno_raw),
+    }
+}
+
+/// `ibv_close_xrcd`: returns 0 or an errno value.
+///
+/// # Safety
+/// `xrcd` is a live domain from [`open_xrcd`], closed once, with no SRQ or QP left in it.
+pub unsafe fn close_xrcd(xrcd: *mut sys::ibv_xrcd) -> c_int {
+    // SAFETY: `xrcd` and its context are live (caller).
+    match unsafe { verbs_ctx_op!((*xrcd).context, close_xrcd) } {
+        // SAFETY: the provider's close_xrcd on a live domain.
+        Some(f) => unsafe { f(xrcd) },
+        None => libc::EOPNOTSUPP,
+    }
+}
+
+/// `ibv_create_srq_ex` through `verbs_context::create_srq_ex` (the only way to an XRC SRQ).
+///
+/// Returns the SRQ, or an errno value: `EOPNOTSUPP` when the provider has no such op.
+///
+/// # Safety
+/// `ctx` is a live context; `attr` is valid, with live PD, XRCD and CQ where its mask says.
+pub unsafe fn create_srq_ex(
+    ctx: *mut sys::ibv_context,
+    attr: *mut sys::ibv_srq_init_attr_ex,
+) -> std::result::Result<std::ptr::NonNull<sys::ibv_srq>, c_int> {
+    // SAFETY: `ctx` is live (caller).
+    match unsafe { verbs_ctx_op!(ctx, create_srq_ex) } {
+        None => Err(libc::EOPNOTSUPP),
+        // SAFETY: the provider's create_srq_ex with the caller's valid pointers.
+        Some(f) => std::ptr::NonNull::new(unsafe { f(ctx, attr) }).ok_or_else(last_errno_raw),
+    }
+}
+
+/// `ibv_create_qp_ex` as verbs.h's inline does it: with only `IBV_QP_INIT_ATTR_PD` in the
+/// mask, `ibv_create_qp` on the attribute's prefix; otherwise `verbs_context::create_qp_ex`.
+///
+/// Returns the QP, or an errno value: `EOPNOTSUPP` when the provider has no such op.
+///
+/// # Safety
+/// `ctx` is a live context of this library (`v`); `attr` is valid, with live PD, XRCD, CQs
+/// where its mask and type say.
+pub unsafe fn create_qp_ex(
+    v: &Verbs,
+    ctx: *mut sys::ibv_context,
+    attr: *mut sys::ibv_qp_init_attr_ex,
+) -> std::result::Result<std::ptr::NonNull<sys::ibv_qp>, c_int> {
+    // SAFETY: `attr` is valid (caller).
+    let (mask, pd) = unsafe { ((*attr).comp_mask, (*attr).pd) };
+    if mask == sys::IBV_QP_INIT_ATTR_PD {
+        // SAFETY: `ibv_qp_init_attr` is a prefix of `ibv_qp_init_attr_ex` (verbs.h relies on
+        // it in the same way); the PD is live (caller).
+        let qp = unsafe { (v.create_qp)(pd, attr.cast()) };
+        return std::ptr::NonNull::new(qp).ok_or_else(last_errno_raw);
+    }
+    // SAFETY: `ctx` is live (caller).
+    match unsafe { verbs_ctx_op!(ctx, create_qp_ex) } {
+        None => Err(libc::EOPNOTSUPP),
+        // SAFETY: the provider's create_qp_ex with the caller's valid pointers.
+        Some(f) => std::ptr::NonNull::new(unsafe { f(ctx, attr) }).ok_or_else(last_errno_raw),
+    }
+}
+
+/// `ibv_get_srq_num`: the number of an XRC SRQ that peers name in `remote_srqn`. Returns 0
+/// or an errno value (`EOPNOTSUPP` when the provider has no such op).
+///
+/// # Safety
+/// `srq` is a live SRQ; `out` is valid for writes.
+pub unsafe fn get_srq_num(srq: *mut sys::ibv_srq, out: *mut u32) -> c_int {
+    // SAFETY: `srq` and its context are live (caller).
+    match unsafe { verbs_ctx_op!((*srq).context, get_srq_num) } {
+        // SAFETY: the provider's get_srq_num with the caller's valid pointers.
+        Some(f) => unsafe { f(srq, out) },
+        None => libc::EOPNOTSUPP,
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -697,6 +798,39 @@ pub(crate) mod tests {
     #[cfg(all(target_arch = "x86_64", target_env = "gnu"))]
     fn struct_layout_matches_gcc() {
         use sys::*;
+        // XRC (same gcc, same headers): the attributes and verbs_context members it uses.
+        assert_eq!(size_of::<ibv_xrcd_init_attr>(), 12);
+        assert_eq!(size_of::<ibv_srq_init_attr_ex>(), 64);
+        assert_eq!(
+            (
+                offset_of!(ibv_srq_init_attr_ex, srq_type),
+                offset_of!(ibv_srq_init_attr_ex, pd),
+                offset_of!(ibv_srq_init_attr_ex, xrcd),
+                offset_of!(ibv_srq_init_attr_ex, cq)
+            ),
+            (24, 32, 40, 48)
+        );
+        assert_eq!(size_of::<ibv_qp_init_attr_ex>(), 136);
+        assert_eq!(size_of::<ibv_qp_init_attr>(), 64);
+        assert_eq!(
+            (
+                offset_of!(ibv_qp_init_attr_ex, comp_mask),
+                offset_of!(ibv_qp_init_attr_ex, pd),
+                offset_of!(ibv_qp_init_attr_ex, xrcd)
+            ),
+            (60, 64, 72)
+        );
+        assert_eq!(offset_of!(ibv_send_wr, qp_type), 72);
+        assert_eq!(
+            (
+                offset_of!(verbs_context, create_qp_ex),
+                offset_of!(verbs_context, get_srq_num),
+                offset_of!(verbs_context, create_srq_ex),
+                offset_of!(verbs_context, open_xrcd),
+                offset_of!(verbs_context, close_xrcd)
+            ),
+            (264, 272, 280, 288, 296)
+        );
         assert_eq!(size_of::<ibv_sge>(), 16);
         assert_eq!(size_of::<ibv_send_wr>(), 128);
         assert_eq!(size_of::<ibv_recv_wr>(), 32);

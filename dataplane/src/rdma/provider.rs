@@ -310,15 +310,71 @@ fn port_state(s: sys::ibv_port_state) -> PortState {
     }
 }
 
-/// An XRC domain on an `rdma` device. None can be opened yet: [`crate::Context::open_xrcd`]
-/// refuses with EOPNOTSUPP, naming the device when it lacks `IBV_DEVICE_XRC` (Soft-RoCE), and
-/// saying that this provider's XRC path is not built when the device has it (no XRC-capable
-/// device was at hand to test one against; issue 17).
-pub enum RdmaXrcd {}
+pub(crate) struct XrcdInner {
+    ctx: Arc<CtxInner>,
+    xrcd: NonNull<sys::ibv_xrcd>,
+    /// A PD and a one-entry CQ that the domain's XRC_RECV QPs hold, as every QP here holds a
+    /// PD and CQs (the device gives an XRC_RECV QP neither; nothing completes on the CQ).
+    pd: Arc<PdInner>,
+    cq: Arc<CqInner>,
+}
+
+// SAFETY: the domain pointer is only passed to libibverbs, whose calls are thread-safe.
+unsafe impl Send for XrcdInner {}
+// SAFETY: as above.
+unsafe impl Sync for XrcdInner {}
+
+impl Drop for XrcdInner {
+    fn drop(&mut self) {
+        // SAFETY: SRQs and QPs of the domain hold this Arc, so none is left; closed once.
+        let rc = unsafe { loader::close_xrcd(self.xrcd.as_ptr()) };
+        if rc != 0 {
+            tracing::warn!(rc, "ibv_close_xrcd failed");
+        }
+    }
+}
+
+/// An XRC domain on an `rdma` device (`ibv_open_xrcd`), on devices that report
+/// `IBV_DEVICE_XRC`. Soft-RoCE does not: there `open_xrcd` is EOPNOTSUPP naming the device.
+/// This path follows rdma-core's `ibv_xsrq_pingpong`; it has not run on an XRC-capable NIC
+/// here (none was at hand), only its refusal has (in the Soft-RoCE VM).
+pub struct RdmaXrcd {
+    inner: Arc<XrcdInner>,
+}
 
 impl crate::Xrcd<Rdma> for RdmaXrcd {
     fn create_recv_qp(&self) -> Result<RdmaQp> {
-        match *self {}
+        let x = &self.inner;
+        RdmaQp::create_xrc(&x.pd, &x.cq, QpCaps::default(), Some(x), false)
+    }
+}
+
+impl RdmaContext {
+    /// EOPNOTSUPP naming the device, unless it reports XRC.
+    fn check_xrc(&self) -> Result<()> {
+        if self.inner.caps.xrc {
+            return Ok(());
+        }
+        Err(Error::new(
+            Errno::EOPNOTSUPP,
+            format!("XRC not supported by device {} (IBV_DEVICE_XRC is not in its capabilities)", self.name()),
+        ))
+    }
+
+    /// `ibv_open_xrcd` with `fd` (-1: a domain of no file) and `O_CREAT`.
+    fn open_xrcd_fd(&self, fd: c_int) -> Result<RdmaXrcd> {
+        self.check_xrc()?;
+        let pd = crate::Context::alloc_pd(self)?.inner;
+        let cq = crate::Context::create_cq(self, 1)?.inner.clone();
+        let mut attr = sys::ibv_xrcd_init_attr {
+            comp_mask: sys::IBV_XRCD_INIT_ATTR_FD | sys::IBV_XRCD_INIT_ATTR_OFLAGS,
+            fd,
+            oflags: libc::O_CREAT,
+        };
+        // SAFETY: the context is live; `attr` is a valid init attribute.
+        let xrcd = unsafe { loader::open_xrcd(self.inner.ptr(), &mut attr) }
+            .map_err(|rc| rc_err(&format!("ibv_open_xrcd on {}", self.name()), rc))?;
+        Ok(RdmaXrcd { inner: Arc::new(XrcdInner { ctx: self.inner.clone(), xrcd, pd, cq }) })
     }
 }
 
@@ -328,16 +384,12 @@ impl crate::Context<Rdma> for RdmaContext {
     }
 
     fn open_xrcd(&self) -> Result<RdmaXrcd> {
-        if !self.inner.caps.xrc {
-            return Err(Error::new(
-                Errno::EOPNOTSUPP,
-                format!("XRC not supported by device {} (IBV_DEVICE_XRC is not in its capabilities)", self.name()),
-            ));
-        }
-        Err(Error::new(
-            Errno::EOPNOTSUPP,
-            format!("device {} has XRC, but the rdma provider does not open XRC domains yet", self.name()),
-        ))
+        self.open_xrcd_fd(-1)
+    }
+
+    fn open_xrcd_file(&self, file: &std::fs::File) -> Result<RdmaXrcd> {
+        use std::os::fd::AsRawFd;
+        self.open_xrcd_fd(file.as_raw_fd())
     }
 
     fn port_attr(&self, port: u8) -> Result<PortAttr> {
@@ -613,6 +665,8 @@ impl crate::Cq for RdmaCq {
 pub(crate) struct SrqInner {
     pd: Arc<PdInner>,
     srq: NonNull<sys::ibv_srq>,
+    /// An XRC SRQ's domain and CQ, kept alive while it lives.
+    _xrc: Option<(Arc<XrcdInner>, Arc<CqInner>)>,
 }
 
 // SAFETY: the SRQ pointer is only passed to libibverbs, whose SRQ calls are thread-safe.
@@ -698,6 +752,9 @@ fn check_recv_chain(chain: &RecvChain, max_sge: u32) -> Option<PostError> {
 /// A shared receive queue of an `rdma` device.
 pub struct RdmaSrq {
     inner: Arc<SrqInner>,
+    /// What `srq_num` answers: `ibv_get_srq_num` for an XRC SRQ (what peers name), the
+    /// handle otherwise.
+    srqn: u32,
     max_wr: u32,
     max_sge: u32,
     scratch: RecvScratch,
@@ -705,8 +762,7 @@ pub struct RdmaSrq {
 
 impl crate::Srq for RdmaSrq {
     fn srq_num(&self) -> u32 {
-        // SAFETY: the SRQ is live.
-        unsafe { (*self.inner.srq.as_ptr()).handle }
+        self.srqn
     }
 
     fn post_recv(&mut self, chain: &RecvChain) -> std::result::Result<(), PostError> {
@@ -843,15 +899,27 @@ impl crate::Pd<Rdma> for RdmaPd {
 
     fn create_qp(&self, attr: &QpInitAttr<'_, Rdma>) -> Result<RdmaQp> {
         if attr.qp_type.is_xrc() {
-            let why = if self.inner.ctx.caps.xrc {
-                "the rdma provider does not create XRC QPs yet"
-            } else {
-                "IBV_DEVICE_XRC is not in its capabilities"
-            };
-            return Err(Error::new(
-                Errno::EOPNOTSUPP,
-                format!("{:?} QP: XRC not supported by device {} ({why})", attr.qp_type, self.inner.ctx.dev.name()),
-            ));
+            let ctx = &self.inner.ctx;
+            if !ctx.caps.xrc {
+                return Err(Error::new(
+                    Errno::EOPNOTSUPP,
+                    format!(
+                        "{:?} QP: XRC not supported by device {} (IBV_DEVICE_XRC is not in its capabilities)",
+                        attr.qp_type,
+                        ctx.dev.name()
+                    ),
+                ));
+            }
+            if attr.qp_type == QpType::XrcRecv || attr.srq.is_some() {
+                return Err(Error::new(
+                    Errno::EINVAL,
+                    "an XRC_RECV QP comes from its domain (Xrcd::create_recv_qp); an XRC_SEND QP takes no SRQ",
+                ));
+            }
+            if !Arc::ptr_eq(&attr.send_cq.inner.ctx, ctx) {
+                return Err(Error::new(Errno::EINVAL, "the send CQ belongs to another device context"));
+            }
+            return RdmaQp::create_xrc(&self.inner, &attr.send_cq.inner, attr.cap, None, attr.sq_sig_all);
         }
         RdmaQp::create(&self.inner, attr)
     }
@@ -879,7 +947,9 @@ impl crate::Pd<Rdma> for RdmaPd {
         let srq = NonNull::new(srq).ok_or_else(|| os_err("ibv_create_srq"))?;
         let max_sge = ia.attr.max_sge.max(attr.max_sge);
         let mut srq = RdmaSrq {
-            inner: Arc::new(SrqInner { pd: self.inner.clone(), srq }),
+            // SAFETY: the SRQ is live.
+            srqn: unsafe { (*srq.as_ptr()).handle },
+            inner: Arc::new(SrqInner { pd: self.inner.clone(), srq, _xrc: None }),
             max_wr: ia.attr.max_wr.max(attr.max_wr),
             max_sge,
             scratch: RecvScratch::new(16, 16 * max_sge as usize),
@@ -888,6 +958,53 @@ impl crate::Pd<Rdma> for RdmaPd {
             srq.max_wr = q.max_wr;
         }
         Ok(srq)
+    }
+
+    fn create_srq_xrc(&self, attr: &SrqAttr, xrcd: &RdmaXrcd, cq: &RdmaCq) -> Result<RdmaSrq> {
+        let ctx = &self.inner.ctx;
+        if !Arc::ptr_eq(&xrcd.inner.ctx, ctx) || !Arc::ptr_eq(&cq.inner.ctx, ctx) {
+            return Err(Error::new(Errno::EINVAL, "the XRC domain or the CQ belongs to another device context"));
+        }
+        let caps = &ctx.caps;
+        if attr.max_wr == 0 || attr.max_wr > caps.max_srq_wr || attr.max_sge == 0 || attr.max_sge > caps.max_srq_sge {
+            return Err(Error::new(
+                Errno::EINVAL,
+                format!(
+                    "XRC SRQ max_wr {} / max_sge {} outside 1..={} / 1..={} (device caps)",
+                    attr.max_wr, attr.max_sge, caps.max_srq_wr, caps.max_srq_sge
+                ),
+            ));
+        }
+        // SAFETY: all-zero is a valid ibv_srq_init_attr_ex (null pointers, zero fields).
+        let mut ia: sys::ibv_srq_init_attr_ex = unsafe { std::mem::zeroed() };
+        ia.attr = sys::ibv_srq_attr { max_wr: attr.max_wr, max_sge: attr.max_sge, srq_limit: 0 };
+        ia.comp_mask = sys::IBV_SRQ_INIT_ATTR_TYPE
+            | sys::IBV_SRQ_INIT_ATTR_PD
+            | sys::IBV_SRQ_INIT_ATTR_XRCD
+            | sys::IBV_SRQ_INIT_ATTR_CQ;
+        ia.srq_type = sys::IBV_SRQT_XRC;
+        ia.pd = self.inner.pd.as_ptr();
+        ia.xrcd = xrcd.inner.xrcd.as_ptr();
+        ia.cq = cq.inner.cq.as_ptr();
+        // SAFETY: the context, PD, domain and CQ are live (the new SRQ holds their Arcs).
+        let srq = unsafe { loader::create_srq_ex(ctx.ptr(), &mut ia) }
+            .map_err(|rc| rc_err("ibv_create_srq_ex (IBV_SRQT_XRC)", rc))?;
+        let inner =
+            Arc::new(SrqInner { pd: self.inner.clone(), srq, _xrc: Some((xrcd.inner.clone(), cq.inner.clone())) });
+        let mut srqn = 0u32;
+        // SAFETY: the SRQ is live; `srqn` is writable.
+        let rc = unsafe { loader::get_srq_num(srq.as_ptr(), &mut srqn) };
+        if rc != 0 {
+            return Err(rc_err("ibv_get_srq_num", rc)); // `inner` destroys the SRQ
+        }
+        let max_sge = ia.attr.max_sge.max(attr.max_sge);
+        Ok(RdmaSrq {
+            inner,
+            srqn,
+            max_wr: ia.attr.max_wr.max(attr.max_wr),
+            max_sge,
+            scratch: RecvScratch::new(16, 16 * max_sge as usize),
+        })
     }
 
     fn create_ah(&self, attr: &AhAttr) -> Result<RdmaAh> {
@@ -908,6 +1025,8 @@ pub(crate) struct QpInner {
     _send_cq: Arc<CqInner>,
     _recv_cq: Arc<CqInner>,
     _srq: Option<Arc<SrqInner>>,
+    /// An XRC_RECV QP's domain.
+    _xrcd: Option<Arc<XrcdInner>>,
 }
 
 // SAFETY: the QP pointer is only passed to libibverbs, whose QP calls are thread-safe.
@@ -1000,6 +1119,7 @@ impl SendScratch {
             w.opcode = wr_opcode(wr.opcode);
             w.send_flags = wr.flags.bits();
             w.__bindgen_anon_1.imm_data = wr.imm_data;
+            w.qp_type.xrc.remote_srqn = wr.remote_srqn;
             match wr.opcode {
                 WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd => {
                     w.wr.atomic = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
@@ -1152,6 +1272,7 @@ impl RdmaQp {
                 _send_cq: attr.send_cq.inner.clone(),
                 _recv_cq: attr.recv_cq.inner.clone(),
                 _srq: attr.srq.map(|s| s.inner.clone()),
+                _xrcd: None,
             }),
             qp_type: attr.qp_type,
             qpn,
@@ -1161,6 +1282,80 @@ impl RdmaQp {
             state: QpState::Reset,
             send: SendScratch::new(pre, pre * granted.max_send_sge.max(1) as usize),
             recv: RecvScratch::new(pre_r, pre_r * granted.max_recv_sge.max(1) as usize),
+            mcast: Vec::new(),
+        })
+    }
+
+    /// An XRC_SEND QP (`xrcd` None: PD `pd`, send CQ `cq`, caps `c`) or an XRC_RECV QP of
+    /// `xrcd` (no PD, CQ or queue at the device; `pd` and `cq` are the domain's, held only),
+    /// through `ibv_create_qp_ex` as `ibv_xsrq_pingpong` creates them.
+    fn create_xrc(
+        pd: &Arc<PdInner>,
+        cq: &Arc<CqInner>,
+        c: QpCaps,
+        xrcd: Option<&Arc<XrcdInner>>,
+        sig_all: bool,
+    ) -> Result<RdmaQp> {
+        let caps = &pd.ctx.caps;
+        // SAFETY: all-zero is a valid ibv_qp_init_attr_ex (null pointers, zero fields).
+        let mut ia: sys::ibv_qp_init_attr_ex = unsafe { std::mem::zeroed() };
+        let qp_type = match xrcd {
+            None => {
+                if c.max_send_wr == 0 || c.max_send_wr > caps.max_qp_wr {
+                    return Err(too_big("max_send_wr", c.max_send_wr, "max_qp_wr", caps.max_qp_wr));
+                }
+                ia.qp_type = sys::IBV_QPT_XRC_SEND;
+                ia.send_cq = cq.cq.as_ptr();
+                ia.cap = sys::ibv_qp_cap {
+                    max_send_wr: c.max_send_wr,
+                    max_recv_wr: 0,
+                    max_send_sge: c.max_send_sge.max(1),
+                    max_recv_sge: 0,
+                    max_inline_data: c.max_inline_data,
+                };
+                ia.sq_sig_all = c_int::from(sig_all);
+                ia.comp_mask = sys::IBV_QP_INIT_ATTR_PD;
+                ia.pd = pd.pd.as_ptr();
+                QpType::XrcSend
+            }
+            Some(x) => {
+                ia.qp_type = sys::IBV_QPT_XRC_RECV;
+                ia.comp_mask = sys::IBV_QP_INIT_ATTR_XRCD;
+                ia.xrcd = x.xrcd.as_ptr();
+                QpType::XrcRecv
+            }
+        };
+        let mtu = mtu_bytes(pd.ctx.port_attr(pd.ctx.port)?.active_mtu);
+        // SAFETY: the context, PD, CQ and domain are live (the new QP holds their Arcs).
+        let qp = unsafe { loader::create_qp_ex(pd.ctx.v, pd.ctx.ptr(), &mut ia) }
+            .map_err(|rc| rc_err(&format!("ibv_create_qp_ex ({qp_type:?})"), rc))?;
+        // SAFETY: `qp` is live.
+        let qpn = unsafe { (*qp.as_ptr()).qp_num };
+        let granted = QpCaps {
+            max_send_wr: ia.cap.max_send_wr,
+            max_recv_wr: 0,
+            max_send_sge: ia.cap.max_send_sge,
+            max_recv_sge: 0,
+            max_inline_data: ia.cap.max_inline_data,
+        };
+        let pre = (granted.max_send_wr as usize).clamp(1, 64);
+        Ok(RdmaQp {
+            inner: Arc::new(QpInner {
+                pd: pd.clone(),
+                qp,
+                _send_cq: cq.clone(),
+                _recv_cq: cq.clone(),
+                _srq: None,
+                _xrcd: xrcd.cloned(),
+            }),
+            qp_type,
+            qpn,
+            caps: granted,
+            has_srq: false,
+            mtu,
+            state: QpState::Reset,
+            send: SendScratch::new(pre, pre * granted.max_send_sge.max(1) as usize),
+            recv: RecvScratch::new(1, 1),
             mcast: Vec::new(),
         })
     }
@@ -1331,7 +1526,9 @@ impl crate::Qp for RdmaQp {
                 a.rq_psn = attr.rq_psn & 0xff_ffff;
                 a.ah_attr = ah_attr(ctx, &attr.ah);
                 mask |= sys::IBV_QP_AV | sys::IBV_QP_PATH_MTU | sys::IBV_QP_DEST_QPN | sys::IBV_QP_RQ_PSN;
-                if self.qp_type == QpType::Rc {
+                // The responder's attributes: RC and XRC_RECV (the kernel refuses them on
+                // XRC_SEND, as ibv_xsrq_pingpong's masks show).
+                if matches!(self.qp_type, QpType::Rc | QpType::XrcRecv) {
                     a.min_rnr_timer = attr.min_rnr_timer;
                     a.max_dest_rd_atomic = if attr.max_dest_rd_atomic == 0 { rd_atom } else { attr.max_dest_rd_atomic };
                     mask |= sys::IBV_QP_MIN_RNR_TIMER | sys::IBV_QP_MAX_DEST_RD_ATOMIC;
@@ -1340,7 +1537,11 @@ impl crate::Qp for RdmaQp {
             (Rtr, Rts) => {
                 a.sq_psn = attr.sq_psn & 0xff_ffff;
                 mask |= sys::IBV_QP_SQ_PSN;
-                if self.qp_type == QpType::Rc {
+                if self.qp_type == QpType::XrcRecv {
+                    a.timeout = attr.timeout;
+                    mask |= sys::IBV_QP_TIMEOUT;
+                }
+                if self.qp_type.is_reliable() {
                     a.timeout = attr.timeout;
                     a.retry_cnt = attr.retry_cnt;
                     a.rnr_retry = attr.rnr_retry;
@@ -1400,6 +1601,13 @@ impl crate::Qp for RdmaQp {
         }
         if self.has_srq {
             return Err(PostError::new(Errno::EINVAL, 0, "QP takes its receives from an SRQ"));
+        }
+        if self.qp_type.is_xrc() {
+            return Err(PostError::new(
+                Errno::EINVAL,
+                0,
+                "an XRC QP has no receive queue: post receives to the XRC SRQ",
+            ));
         }
         if !self.state.accepts_post_recv() {
             return Err(PostError::new(Errno::EINVAL, 0, "QP is in RESET"));
