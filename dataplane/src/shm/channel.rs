@@ -82,6 +82,11 @@ pub struct ShmCompChannel {
     pub(crate) inner: Arc<ChannelInner>,
 }
 
+/// How often a channel wait wakes to retry this process's waiting sends (see
+/// [`ShmCompChannel::get_cq_event`]): below the shortest ACK timeout anyone sets, and far above
+/// a futex round trip.
+const RETRY_TICK: Duration = Duration::from_millis(1);
+
 impl ShmCompChannel {
     pub(crate) fn inner_ctx(&self) -> &CtxInner {
         &self.inner.ctx
@@ -101,12 +106,21 @@ impl ShmCompChannel {
     /// `ibv_get_cq_event`: waits until an armed CQ of this channel signals, for at most
     /// `timeout` (`None`: forever). Returns the CQ number, or `None` on timeout. Events need no
     /// acknowledgement.
+    ///
+    /// While some send queue of this process waits behind an RNR or an unready target, the
+    /// wait wakes every [`RETRY_TICK`] to retry it: on `shm` the poster's CPU is the NIC, and a
+    /// process asleep on its channel would otherwise never resend (a peer that posts its
+    /// receive, or brings its QP up, only after our send arrived would wait forever).
     pub fn get_cq_event(&self, timeout: Option<Duration>) -> Result<Option<u32>> {
         let f = &self.inner.ctx.fabric;
         let ch = ChannelView::attach(f, self.inner.off).ok_or_else(|| Error::new(Errno::EFAULT, "corrupt channel"))?;
         let end = timeout.map(|t| Instant::now() + t);
         loop {
             let seen = ch.word.load(Ordering::Acquire);
+            if let Some(cqn) = ch.pop() {
+                return Ok(Some(cqn));
+            }
+            super::qp::progress_waiting();
             if let Some(cqn) = ch.pop() {
                 return Ok(Some(cqn));
             }
@@ -117,6 +131,8 @@ impl ShmCompChannel {
                 },
                 None => None,
             };
+            let left =
+                if super::qp::sends_waiting() { Some(left.map_or(RETRY_TICK, |l| l.min(RETRY_TICK))) } else { left };
             let ts =
                 left.map(|l| libc::timespec { tv_sec: l.as_secs() as libc::time_t, tv_nsec: l.subsec_nanos() as _ });
             let tsp = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);

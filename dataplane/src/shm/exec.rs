@@ -1083,7 +1083,7 @@ pub(crate) fn post_send(f: &Fabric, st: &mut SqState, chain: &SendChain) -> std:
         let sges = chain.sges_of(wr);
         let inline = chain.inline_of(wr);
         if let ([sge], None) = (sges, inline) {
-            if post_fast(f, st, wr, sge, &mut state, &mut retired) {
+            if post_fast::<false>(f, st, wr, sge, &mut state, &mut retired) {
                 continue;
             }
         }
@@ -1091,7 +1091,7 @@ pub(crate) fn post_send(f: &Fabric, st: &mut SqState, chain: &SendChain) -> std:
         // of one, which costs nothing to initialise, unlike room for MAX_SGE. TSO goes out of
         // line with the multi-SGE WRs (kept out of this loop: its call here made LLVM stop
         // inlining the fast path's lookups, +118 instructions per message in chains).
-        if sges.len() <= 1 && wr.opcode != WrOpcode::Tso {
+        if sges.len() <= 1 && wr.opcode != WrOpcode::Tso && st.qp_type != QpType::XrcSend {
             post_one::<1>(f, st, wr, sges, inline, i, &mut state, &mut retired)?;
         } else {
             post_many(f, st, wr, sges, inline, chain, i, &mut state, &mut retired)?;
@@ -1101,9 +1101,11 @@ pub(crate) fn post_send(f: &Fabric, st: &mut SqState, chain: &SendChain) -> std:
 }
 
 /// The fast path: runs WR `wr` (one SGE, INLINE or not) if it is the common case, an RC or UC
-/// SEND, SEND_WITH_IMM or RDMA_WRITE from an RTS queue with nothing pending, to a ready peer
-/// with an RQ or a plain (not tag-matching) SRQ; returns false, having changed nothing, for anything else, which then
-/// takes the general path (`post_one`, which also reports every error).
+/// (`XRC`: an XRC_SEND) SEND, SEND_WITH_IMM or RDMA_WRITE from an RTS queue with nothing
+/// pending, to a ready peer with an RQ or a plain (not tag-matching) SRQ (`XRC`: the XRC SRQ
+/// the request names, behind the connected XRC_RECV QP); returns false, having changed
+/// nothing, for anything else, which then takes the general path (`post_one`, which also
+/// reports every error).
 ///
 /// Every check the general path makes runs here too, in the same order of effect: the WR
 /// checks of `prepare` (the opcode is allowed on RC and UC, no IP_CSUM, one SGE within
@@ -1115,11 +1117,19 @@ pub(crate) fn post_send(f: &Fabric, st: &mut SqState, chain: &SendChain) -> std:
 /// checks, is finished by the general code ([`deliver_taken`]), so the receiver sees the
 /// same completion either way.
 #[inline(always)]
-fn post_fast(f: &Fabric, st: &mut SqState, wr: &SendWr, sge: &Sge, state: &mut QpState, retired: &mut u32) -> bool {
+fn post_fast<const XRC: bool>(
+    f: &Fabric,
+    st: &mut SqState,
+    wr: &SendWr,
+    sge: &Sge,
+    state: &mut QpState,
+    retired: &mut u32,
+) -> bool {
     let op = wr.opcode;
     let is_send = matches!(op, WrOpcode::Send | WrOpcode::SendWithImm);
+    let type_ok = if XRC { st.qp_type == QpType::XrcSend } else { matches!(st.qp_type, QpType::Rc | QpType::Uc) };
     if !(is_send || op == WrOpcode::RdmaWrite)
-        || !matches!(st.qp_type, QpType::Rc | QpType::Uc)
+        || !type_ok
         || *state != QpState::Rts
         || !st.pending.is_empty()
         || st.max_sge == 0
@@ -1153,9 +1163,20 @@ fn post_fast(f: &Fabric, st: &mut SqState, wr: &SendWr, sge: &Sge, state: &mut Q
     let Some(d) = dest(f, &mut st.dest, st.dest_qpn) else { return false };
     let ds = f.qp_slot(d.idx);
     let ready = QpState::from_u8(ds.state.load(Ordering::Acquire) as u8).is_some_and(QpState::receives);
-    if !ready || ds.dest_qpn.load(Ordering::Relaxed) != st.qpn || d.qp_type != st.qp_type {
+    let peer = if XRC { QpType::XrcRecv } else { st.qp_type };
+    if !ready || ds.dest_qpn.load(Ordering::Relaxed) != st.qpn || d.qp_type != peer {
         return false;
     }
+    // XRC: the SRQ the request names, behind the XRC_RECV QP (a wrong one: the general path
+    // reports it).
+    let d = if XRC {
+        match xrc_dest(f, &mut st.xrc_dest, d, wr.remote_srqn) {
+            Some(x) => x,
+            None => return false,
+        }
+    } else {
+        d
+    };
     let status = if is_send {
         // An SRQ is consumed with the MPMC pop (`SrqView::take`, which also raises the limit
         // event); a tag-matching SRQ goes the general way (it may match the message).
@@ -1211,6 +1232,13 @@ fn post_fast(f: &Fabric, st: &mut SqState, wr: &SendWr, sge: &Sge, state: &mut Q
         *state = QpState::Error;
     }
     true
+}
+
+/// The fast path for XRC_SEND QPs: [`post_fast`] with the target SRQ named by the request,
+/// out of line so that RC and UC posts do not carry it.
+#[inline(never)]
+fn post_fast_xrc(f: &Fabric, st: &mut SqState, wr: &SendWr, sge: &Sge, state: &mut QpState, retired: &mut u32) -> bool {
+    post_fast::<true>(f, st, wr, sge, state, retired)
 }
 
 /// `SrqView::take` kept out of line: inlined into the fast path, it made the RQ case ~17
@@ -1273,6 +1301,13 @@ fn post_many(
 ) -> std::result::Result<(), PostError> {
     if wr.opcode == WrOpcode::Tso {
         return post_tso(f, st, wr, sges, chain.tso_hdr_of(wr), i, state, retired);
+    }
+    if st.qp_type == QpType::XrcSend {
+        if let ([sge], None) = (sges, inline) {
+            if post_fast_xrc(f, st, wr, sge, state, retired) {
+                return Ok(());
+            }
+        }
     }
     post_one::<MAX_SGE>(f, st, wr, sges, inline, i, state, retired)
 }

@@ -270,6 +270,13 @@ impl SqState {
 static WAITING: Mutex<Vec<Weak<SqCell>>> = Mutex::new(Vec::new());
 static WAITING_COUNT: AtomicU32 = AtomicU32::new(0);
 
+/// Whether some send queue of this process has WQEs waiting behind an RNR or a retry (they
+/// progress only when the process polls a CQ or waits on a completion channel).
+#[inline]
+pub(crate) fn sends_waiting() -> bool {
+    WAITING_COUNT.load(Ordering::Relaxed) != 0
+}
+
 /// Progresses every waiting send queue of the process (skipping those being posted to).
 #[inline]
 pub(crate) fn progress_waiting() {

@@ -91,7 +91,9 @@ mod channels {
         let region = ctx.alloc_region(65536).unwrap();
         let mr = pd.reg_mr(&region, 0, 65536, AccessFlags::LOCAL_WRITE).unwrap();
         let ch = ctx.create_comp_channel().unwrap();
-        let scq = ctx.create_cq(64).unwrap();
+        // Both CQs on the channel: a CQ signals only when armed, and only the retry case arms
+        // the send CQ.
+        let scq = ctx.create_cq_with_channel(64, &ch).unwrap();
         let rcq = ctx.create_cq_with_channel(64, &ch).unwrap();
         let mk = |recv: &<P as Provider>::Cq| {
             let attr = QpInitAttr {
@@ -175,6 +177,36 @@ mod channels {
             s.qa.post_send(&SendChain::one(wr, &[Sge::new(s.mr.addr(), 8, s.mr.lkey())])).unwrap();
             assert_eq!(waiter.join().unwrap(), Some(cqn));
         });
+    }
+    /// On `shm` the poster's CPU is the NIC: a send waiting behind an RNR is retried by the
+    /// process's CQ polls, and also while it sleeps on a completion channel (it wakes every
+    /// millisecond while such a send waits). Without the latter, a process that sends and then
+    /// sleeps until its reply arrives would never resend to a peer that posts its receive
+    /// later (seen in dp-pingpong --xrc -e). Here nothing polls a CQ after the receive is
+    /// posted: only the sleeping waiter can deliver the send and so get its own event.
+    #[test]
+    fn sleeping_waiter_resends_after_rnr() {
+        let mut s = setup("chan-retry");
+        for _ in 0..8 {
+            s.send(SendFlags::empty());
+        }
+        assert_eq!(poll_n(&mut s.rcq, 8).len(), 8, "the 8 pre-posted receives are used up");
+        s.scq.req_notify(false).unwrap();
+        let wr = SendWr::send(2).signaled();
+        s.qa.post_send(&SendChain::one(wr, &[Sge::new(s.mr.addr(), 8, s.mr.lkey())])).unwrap();
+        assert_eq!(s.ch.get_cq_event(SHORT).unwrap(), None, "RNR: qb has no receive");
+        let scqn = s.scq.cqn();
+        std::thread::scope(|sc| {
+            let ch = &s.ch;
+            let waiter = sc.spawn(move || ch.get_cq_event(Some(Duration::from_secs(20))).unwrap());
+            std::thread::sleep(Duration::from_millis(50));
+            s.qb.post_recv(&RecvChain::one(9, &[Sge::new(s.mr.addr() + 8192, 64, s.mr.lkey())])).unwrap();
+            assert_eq!(waiter.join().unwrap(), Some(scqn), "the waiter resent and saw its send complete");
+        });
+        let wc = poll_n(&mut s.scq, 1)[0];
+        assert_eq!((wc.wr_id, wc.status), (2, WcStatus::Success));
+        let r = poll_n(&mut s.rcq, 1)[0];
+        assert_eq!((r.wr_id, r.status), (9, WcStatus::Success));
     }
 }
 
