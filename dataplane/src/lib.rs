@@ -25,5 +25,7 @@ pub mod rdma;
 pub mod shm;
 pub mod verbs;
 pub mod worker;
+#[cfg(target_os = "linux")]
+pub mod xdp;
 
 pub use provider::{Ah, Context, Cq, MemRegion, Mr, Pd, Provider, Qp, QpInitAttr, Srq, Xrcd};

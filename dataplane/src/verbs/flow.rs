@@ -16,6 +16,18 @@ pub struct FlowSpec {
     pub priority: u16,
 }
 
+impl FlowSpec {
+    /// Whether a frame with headers `k` matches every field this rule sets (the `xdp`
+    /// provider's steering; `shm` matches its rules in the fabric's own table).
+    pub fn matches(&self, k: &crate::net::frame::FrameKey) -> bool {
+        let mac = |m: &[u8; 6]| m.iter().fold(0u64, |a, &b| a << 8 | u64::from(b));
+        self.dst_mac.is_none_or(|m| mac(&m) == k.dst_mac)
+            && self.ether_type.is_none_or(|e| e == k.ether_type)
+            && self.ip_proto.is_none_or(|p| k.ip_proto == Some(p))
+            && self.dst_port.is_none_or(|p| k.dst_port == Some(p))
+    }
+}
+
 /// A rule installed on a QP, returned by `Qp::create_flow` and given back to `destroy_flow`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct FlowId(pub u32);
