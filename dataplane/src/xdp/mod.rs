@@ -1,17 +1,19 @@
 //! The `xdp` provider: RAW_PACKET QPs on real Linux interfaces through AF_XDP.
 //!
-//! One context is one queue of one interface (`XdpConfig::ifname`, `queue`): opening it
-//! attaches a six-instruction XDP program ([`bpf`]) that redirects the queue's frames to an
+//! One context is one queue of each of its interfaces (`XdpConfig::interfaces`, `queue`),
+//! which are its ports 1, 2, ...: opening it attaches, on each, a six-instruction XDP program ([`bpf`]) that redirects the queue's frames to an
 //! AF_XDP socket ([`socket`]) whose UMEM is hugepage-backed memory of the project, bound
 //! zero-copy where the driver can and in copy mode otherwise (veth), as `XdpMode::Auto`
-//! chooses and [`XdpContext::zero_copy`] reports. The socket is the port of a small switch
-//! ([`port`]): every RAW_PACKET QP of the context sends through it, and received frames go
-//! to the QPs whose flow rules match, as on a NIC with `ibv_create_flow`.
+//! chooses and [`XdpContext::zero_copy`] reports. Each socket is a port of a small switch
+//! ([`port`]): a RAW_PACKET QP sends through the port it was bound to at INIT, and frames
+//! received on a port go to its QPs whose flow rules match, as on a NIC with
+//! `ibv_create_flow`.
 //!
 //! Semantics follow the seed table's RAW_PACKET column: SEND only (with `IBV_SEND_IP_CSUM`
 //! done in software, `INLINE` up to `max_inline_data`), frames land at offset 0 of the
 //! receive buffer with no GRH, a QP without a posted receive drops the frame (Ethernet has no
-//! RNR), `IBV_WR_TSO` segmented in software. Not here yet: SRQs, completion channels, async events (each refused with its
+//! RNR), `IBV_WR_TSO` segmented in software, SRQs shared by QPs of any port. Not here yet:
+//! completion channels, async events (each refused with its
 //! errno). docs/xdp-provider.md has the design and its measurements.
 
 mod bpf;
@@ -38,14 +40,15 @@ use std::sync::{Arc, Mutex, MutexGuard};
 /// The `xdp` provider.
 pub struct Xdp;
 
-/// How to open an `xdp` device: one queue of one interface.
+/// How to open an `xdp` device: one queue of each of one or more interfaces, which become
+/// its ports 1, 2, ... (a QP picks its port at INIT, `port_num`).
 #[derive(Debug, Clone)]
 pub struct XdpConfig {
-    /// Interface name (`eth0`, `veth0`).
-    pub ifname: String,
-    /// Queue of the interface (0 on veth).
+    /// Interface names (`eth0`, `veth0`), port 1 first.
+    pub interfaces: Vec<String>,
+    /// Queue of each interface (0 on veth).
     pub queue: u32,
-    /// UMEM frames (a power of two >= 64); half receive, half send.
+    /// UMEM frames per port (a power of two >= 64); half receive, half send.
     pub frames: u32,
     /// Bytes per UMEM frame, 2048 or 4096: bounds the largest frame.
     pub frame_size: u32,
@@ -54,71 +57,126 @@ pub struct XdpConfig {
 }
 
 impl XdpConfig {
-    /// Queue 0 of `ifname` with 4096 frames of 2048 bytes, mode `Auto`.
+    /// Queue 0 of `ifname` as the one port, with 4096 frames of 2048 bytes, mode `Auto`.
     pub fn new(ifname: &str) -> XdpConfig {
-        XdpConfig { ifname: ifname.to_owned(), queue: 0, frames: 4096, frame_size: 2048, mode: XdpMode::Auto }
+        Self::ports(&[ifname])
+    }
+
+    /// Queue 0 of each of `ifnames` as ports 1, 2, ...; the other settings as [`new`](Self::new).
+    pub fn ports(ifnames: &[&str]) -> XdpConfig {
+        XdpConfig {
+            interfaces: ifnames.iter().map(|s| (*s).to_owned()).collect(),
+            queue: 0,
+            frames: 4096,
+            frame_size: 2048,
+            mode: XdpMode::Auto,
+        }
     }
 }
 
 /// Distinguishes contexts in QP numbers (each context numbers its QPs from its base).
 static NEXT_CTX: AtomicU32 = AtomicU32::new(1);
 
-struct CtxInner {
-    ifname: String,
+/// One port's interface.
+struct Iface {
+    name: String,
     mac: [u8; 6],
     mtu: u32,
-    port: Mutex<Port>,
-    // Dropped after the port (fields drop in order): the socket leaves the map, then the
-    // program detaches.
     redirect: bpf::Redirect,
+}
+
+struct CtxInner {
+    port: Mutex<Port>,
+    // Dropped after the device (fields drop in order): the sockets close, then the
+    // programs detach.
+    ifaces: Vec<Iface>,
     queue: u32,
     next_pd: AtomicU32,
 }
 
 impl CtxInner {
-    /// The port, locked. A poisoned lock (a panic while holding it) is taken over: the port's
-    /// state is updated only at points where it is consistent.
+    /// The device, locked. A poisoned lock (a panic while holding it) is taken over: the
+    /// device's state is updated only at points where it is consistent.
     fn port(&self) -> MutexGuard<'_, Port> {
         self.port.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Port `port` (1-based) as an index. Errors: `EINVAL` naming the ports.
+    fn link(&self, port: u8) -> Result<usize> {
+        let n = self.ifaces.len();
+        match usize::from(port) {
+            p @ 1.. if p <= n => Ok(p - 1),
+            _ => Err(Error::new(Errno::EINVAL, format!("xdp: port {port} does not exist (ports 1..={n})"))),
+        }
     }
 }
 
 impl Drop for CtxInner {
     fn drop(&mut self) {
-        let _ = self.redirect.clear(self.queue);
+        for i in &self.ifaces {
+            let _ = i.redirect.clear(self.queue);
+        }
     }
 }
 
-/// An open `xdp` device: one queue of one interface.
+/// An open `xdp` device: one queue of each of its interfaces.
 pub struct XdpContext {
     inner: Arc<CtxInner>,
 }
 
 impl XdpContext {
-    /// Whether the socket is bound zero-copy (`false`: copy mode).
-    pub fn zero_copy(&self) -> bool {
-        self.inner.port().zero_copy()
+    /// Whether port `port`'s socket is bound zero-copy (`false`: copy mode).
+    pub fn zero_copy(&self, port: u8) -> bool {
+        self.inner.link(port).is_ok_and(|l| self.inner.port().zero_copy(l))
     }
 
-    /// The interface's MAC address.
-    pub fn mac(&self) -> [u8; 6] {
-        self.inner.mac
+    /// The MAC address of port `port`'s interface (1-based; `None` for no such port).
+    pub fn mac(&self, port: u8) -> Option<[u8; 6]> {
+        self.inner.link(port).ok().map(|l| self.inner.ifaces[l].mac)
     }
 
-    /// The interface's name.
-    pub fn ifname(&self) -> &str {
-        &self.inner.ifname
+    /// The interface name of port `port`.
+    pub fn ifname(&self, port: u8) -> Option<&str> {
+        self.inner.link(port).ok().map(|l| self.inner.ifaces[l].name.as_str())
     }
 
-    /// The port's counters (frames received, delivered, dropped by reason, sent, doorbells).
-    pub fn counters(&self) -> PortCounters {
-        self.inner.port().counters()
+    /// Port `port`'s counters (frames received, delivered, dropped by reason, sent, doorbells).
+    pub fn counters(&self, port: u8) -> Result<PortCounters> {
+        let l = self.inner.link(port)?;
+        Ok(self.inner.port().counters(l))
     }
 
-    /// The kernel's drop counters of the socket (`XDP_STATISTICS`).
-    pub fn kernel_statistics(&self) -> Result<sys::XdpStatistics> {
-        self.inner.port().statistics().map_err(|e| Error::new(Errno::EIO, format!("XDP_STATISTICS: {e}")))
+    /// The kernel's drop counters of port `port`'s socket (`XDP_STATISTICS`).
+    pub fn kernel_statistics(&self, port: u8) -> Result<sys::XdpStatistics> {
+        let l = self.inner.link(port)?;
+        self.inner.port().statistics(l).map_err(|e| Error::new(Errno::EIO, format!("XDP_STATISTICS: {e}")))
     }
+}
+
+fn open_iface(cfg: &XdpConfig, name: &str) -> Result<(Iface, Xsk)> {
+    let ifindex =
+        sys::if_index(name).map_err(|e| Error::new(Errno::ENODEV, format!("xdp: no interface {name:?}: {e}")))?;
+    let mac = sys::if_hwaddr(name)
+        .map_err(|e| Error::new(Errno::EINVAL, format!("xdp: {name} has no Ethernet address: {e}")))?;
+    let mtu = sys::if_mtu(name).map_err(|e| Error::new(Errno::ENODEV, format!("xdp: {name}: SIOCGIFMTU: {e}")))?;
+    let errno = |m: &str| {
+        if m.contains("Operation not permitted") {
+            Errno::EPERM
+        } else if m.contains("busy") {
+            Errno::EBUSY
+        } else {
+            Errno::EINVAL
+        }
+    };
+    let redirect = bpf::Redirect::attach(ifindex, cfg.queue + 1)
+        .map_err(|m| Error::new(errno(&m), format!("xdp: {name}: {m}")))?;
+    let sizes = XskSizes { frames: cfg.frames, frame_size: cfg.frame_size };
+    let xsk =
+        Xsk::open(name, ifindex, cfg.queue, sizes, cfg.mode).map_err(|m| Error::new(errno(&m), format!("xdp: {m}")))?;
+    redirect
+        .set(cfg.queue, &xsk.fd)
+        .map_err(|e| Error::new(Errno::EINVAL, format!("xdp: {name}: XSKMAP update: {e}")))?;
+    Ok((Iface { name: name.to_owned(), mac, mtu, redirect }, xsk))
 }
 
 impl Provider for Xdp {
@@ -134,44 +192,27 @@ impl Provider for Xdp {
     type Region = XdpRegion;
     type Xrcd = XdpXrcd;
 
-    /// Opens queue `cfg.queue` of interface `cfg.ifname`.
+    /// Opens queue `cfg.queue` of each of `cfg.interfaces`.
     ///
-    /// Errors: `ENODEV` for an interface that does not exist; `EINVAL` for bad sizes;
-    /// `EPERM` without `CAP_NET_ADMIN`/`CAP_BPF` (run as root); `EBUSY` when another XDP
-    /// program or AF_XDP socket holds the interface's queue; each naming the step.
+    /// Errors: `ENODEV` for an interface that does not exist; `EINVAL` for bad sizes or no
+    /// interface; `EPERM` without `CAP_NET_ADMIN`/`CAP_BPF` (run as root); `EBUSY` when
+    /// another XDP program or AF_XDP socket holds an interface's queue; each naming the step.
     fn open(cfg: &XdpConfig) -> Result<XdpContext> {
-        let ifindex = sys::if_index(&cfg.ifname)
-            .map_err(|e| Error::new(Errno::ENODEV, format!("xdp: no interface {:?}: {e}", cfg.ifname)))?;
-        let mac = sys::if_hwaddr(&cfg.ifname)
-            .map_err(|e| Error::new(Errno::EINVAL, format!("xdp: {} has no Ethernet address: {e}", cfg.ifname)))?;
-        let mtu = sys::if_mtu(&cfg.ifname)
-            .map_err(|e| Error::new(Errno::ENODEV, format!("xdp: {}: SIOCGIFMTU: {e}", cfg.ifname)))?;
-        let errno = |m: &str| {
-            if m.contains("Operation not permitted") {
-                Errno::EPERM
-            } else if m.contains("busy") {
-                Errno::EBUSY
-            } else {
-                Errno::EINVAL
-            }
-        };
-        let redirect = bpf::Redirect::attach(ifindex, cfg.queue + 1)
-            .map_err(|m| Error::new(errno(&m), format!("xdp: {}: {m}", cfg.ifname)))?;
-        let sizes = XskSizes { frames: cfg.frames, frame_size: cfg.frame_size };
-        let xsk = Xsk::open(&cfg.ifname, ifindex, cfg.queue, sizes, cfg.mode)
-            .map_err(|m| Error::new(errno(&m), format!("xdp: {m}")))?;
-        redirect
-            .set(cfg.queue, &xsk.fd)
-            .map_err(|e| Error::new(Errno::EINVAL, format!("xdp: {}: XSKMAP update: {e}", cfg.ifname)))?;
+        if cfg.interfaces.is_empty() || cfg.interfaces.len() > 16 {
+            return Err(Error::new(Errno::EINVAL, "xdp: give 1 to 16 interfaces"));
+        }
+        let mut ifaces = Vec::new();
+        let mut xsks = Vec::new();
+        for name in &cfg.interfaces {
+            let (i, x) = open_iface(cfg, name)?;
+            xsks.push((x, i.mtu));
+            ifaces.push(i);
+        }
         let base = NEXT_CTX.fetch_add(1, Ordering::Relaxed) << 16;
-        let port = Port::new(xsk, mtu, base);
         Ok(XdpContext {
             inner: Arc::new(CtxInner {
-                ifname: cfg.ifname.clone(),
-                mac,
-                mtu,
-                port: Mutex::new(port),
-                redirect,
+                port: Mutex::new(Port::new(xsks, base)),
+                ifaces,
                 queue: cfg.queue,
                 next_pd: AtomicU32::new(1),
             }),
@@ -181,7 +222,10 @@ impl Provider for Xdp {
 
 impl Context<Xdp> for XdpContext {
     fn caps(&self) -> DeviceCaps {
-        let frames = self.inner.port().send_frames();
+        let port = self.inner.port();
+        let frames = port.send_frames();
+        let max_frame = (0..port.ports()).map(|l| port.max_frame(l)).min().unwrap_or(0);
+        drop(port);
         DeviceCaps {
             max_qp: 4096,
             max_qp_wr: frames,
@@ -192,7 +236,10 @@ impl Context<Xdp> for XdpContext {
             max_mr: 0xffff,
             max_mr_size: 1 << 46,
             max_pd: 1 << 20,
-            max_msg_size: self.inner.port().max_frame,
+            max_msg_size: max_frame,
+            max_srq: 4096,
+            max_srq_wr: 1 << 16,
+            max_srq_sge: port::MAX_SGE as u32,
             raw_ip_csum: true,
             max_tso: port::MAX_TSO,
             max_tso_header: port::MAX_TSO_HEADER,
@@ -201,14 +248,12 @@ impl Context<Xdp> for XdpContext {
     }
 
     fn port_attr(&self, port: u8) -> Result<PortAttr> {
-        if port != 1 {
-            return Err(Error::new(Errno::EINVAL, format!("xdp: port {port} does not exist (one port: 1)")));
-        }
-        let up = sys::if_running(&self.inner.ifname);
+        let i = &self.inner.ifaces[self.inner.link(port)?];
+        let up = sys::if_running(&i.name);
         Ok(PortAttr {
             state: if up { PortState::Active } else { PortState::Down },
-            active_mtu: self.inner.mtu,
-            max_mtu: self.inner.mtu,
+            active_mtu: i.mtu,
+            max_mtu: i.mtu,
             lid: 0,
             gid_tbl_len: 1,
         })
@@ -216,10 +261,11 @@ impl Context<Xdp> for XdpContext {
 
     /// GID 0: the interface's IPv6 link-local address (EUI-64 of its MAC), as RoCE names a port.
     fn gid(&self, port: u8, index: u8) -> Result<[u8; 16]> {
-        if port != 1 || index != 0 {
-            return Err(Error::new(Errno::EINVAL, format!("xdp: no GID {index} on port {port}")));
+        let l = self.inner.link(port)?;
+        if index != 0 {
+            return Err(Error::new(Errno::EINVAL, format!("xdp: no GID {index} on port {port} (one GID: 0)")));
         }
-        let m = self.inner.mac;
+        let m = self.inner.ifaces[l].mac;
         Ok([0xfe, 0x80, 0, 0, 0, 0, 0, 0, m[0] ^ 2, m[1], m[2], 0xff, 0xfe, m[3], m[4], m[5]])
     }
 
@@ -240,7 +286,7 @@ impl Context<Xdp> for XdpContext {
     }
 
     fn poll_async_event(&self) -> Option<AsyncEvent> {
-        None
+        self.inner.port().next_event()
     }
 }
 
@@ -283,8 +329,9 @@ impl Pd<Xdp> for XdpPd {
         Ok(XdpMr { ctx: self.ctx.clone(), _region: region.inner.clone(), lkey, addr, len })
     }
 
-    /// Creates a RAW_PACKET QP. Errors: `EOPNOTSUPP` for other QP types and for an SRQ;
-    /// `EINVAL` for CQs of another context, zero depths, or depths and SGEs above the caps.
+    /// Creates a RAW_PACKET QP (on port 1 until INIT names another). Errors: `EOPNOTSUPP`
+    /// for other QP types; `EINVAL` for CQs or an SRQ of another context, zero depths, or
+    /// depths and SGEs above the caps.
     fn create_qp(&self, attr: &QpInitAttr<'_, Xdp>) -> Result<XdpQp> {
         if attr.qp_type != QpType::RawPacket {
             return Err(Error::new(
@@ -292,20 +339,19 @@ impl Pd<Xdp> for XdpPd {
                 format!("the xdp provider has RAW_PACKET QPs only ({:?} asked)", attr.qp_type),
             ));
         }
-        if attr.srq.is_some() {
-            return Err(Error::new(Errno::EOPNOTSUPP, "the xdp provider has no SRQs yet"));
-        }
-        if !Arc::ptr_eq(&attr.send_cq.ctx, &self.ctx) || !Arc::ptr_eq(&attr.recv_cq.ctx, &self.ctx) {
-            return Err(Error::new(Errno::EINVAL, "create_qp: a CQ of another device"));
+        let same = |c: &Arc<CtxInner>| Arc::ptr_eq(c, &self.ctx);
+        if !same(&attr.send_cq.ctx) || !same(&attr.recv_cq.ctx) || attr.srq.is_some_and(|x| !same(&x.ctx)) {
+            return Err(Error::new(Errno::EINVAL, "create_qp: a CQ or SRQ of another device"));
         }
         let c = attr.cap;
         let mut port = self.ctx.port();
         let max_wr = port.send_frames();
-        if c.max_send_wr == 0 || c.max_recv_wr == 0 || c.max_send_wr > max_wr || c.max_recv_wr > 1 << 16 {
+        let recv_ok = attr.srq.is_some() || (1..=1 << 16).contains(&c.max_recv_wr);
+        if c.max_send_wr == 0 || c.max_send_wr > max_wr || !recv_ok {
             return Err(Error::new(
                 Errno::EINVAL,
                 format!(
-                    "create_qp: max_send_wr {} (1..={max_wr}), max_recv_wr {} (1..=65536)",
+                    "create_qp: max_send_wr {} (1..={max_wr}), max_recv_wr {} (1..=65536 without an SRQ)",
                     c.max_send_wr, c.max_recv_wr
                 ),
             ));
@@ -320,13 +366,28 @@ impl Pd<Xdp> for XdpPd {
             ));
         }
         let caps = QpCaps { max_send_sge: c.max_send_sge.max(1), max_recv_sge: c.max_recv_sge.max(1), ..c };
-        let (idx, qpn) = port.create_qp(self.pdn, attr.send_cq.idx, attr.recv_cq.idx, caps, attr.sq_sig_all);
+        let cqs = (attr.send_cq.idx, attr.recv_cq.idx);
+        let (idx, qpn) = port.create_qp(self.pdn, cqs, attr.srq.map(|x| x.idx), caps, attr.sq_sig_all);
         drop(port);
-        Ok(XdpQp { ctx: self.ctx.clone(), idx, qpn, caps, _cqs: (attr.send_cq.keep(), attr.recv_cq.keep()) })
+        Ok(XdpQp { ctx: self.ctx.clone(), idx, qpn, caps })
     }
 
-    fn create_srq(&self, _attr: &SrqAttr) -> Result<XdpSrq> {
-        Err(Error::new(Errno::EOPNOTSUPP, "the xdp provider has no SRQs yet"))
+    /// Creates an SRQ. Errors: `EINVAL` for `max_wr` 0 or above 65536, `max_sge` 0 or above
+    /// the caps.
+    fn create_srq(&self, attr: &SrqAttr) -> Result<XdpSrq> {
+        if !(1..=1 << 16).contains(&attr.max_wr) || !(1..=port::MAX_SGE as u32).contains(&attr.max_sge) {
+            return Err(Error::new(
+                Errno::EINVAL,
+                format!(
+                    "create_srq: max_wr {} (1..=65536), max_sge {} (1..={})",
+                    attr.max_wr,
+                    attr.max_sge,
+                    port::MAX_SGE
+                ),
+            ));
+        }
+        let (idx, srqn) = self.ctx.port().create_srq(self.pdn, attr.max_wr, attr.max_sge);
+        Ok(XdpSrq { ctx: self.ctx.clone(), idx, srqn })
     }
 
     fn create_ah(&self, _attr: &AhAttr) -> Result<XdpAh> {
@@ -375,26 +436,6 @@ pub struct XdpCq {
     depth: u32,
 }
 
-/// Keeps a CQ's port entry alive while a QP uses it.
-struct CqKeep {
-    ctx: Arc<CtxInner>,
-    idx: usize,
-}
-
-impl XdpCq {
-    fn keep(&self) -> Arc<CqKeep> {
-        // The QP holds a second owner of the entry; the entry goes when both are gone.
-        self.ctx.port().retain_cq(self.idx);
-        Arc::new(CqKeep { ctx: self.ctx.clone(), idx: self.idx })
-    }
-}
-
-impl Drop for CqKeep {
-    fn drop(&mut self) {
-        self.ctx.port().destroy_cq(self.idx);
-    }
-}
-
 impl Drop for XdpCq {
     fn drop(&mut self) {
         self.ctx.port().destroy_cq(self.idx);
@@ -416,7 +457,6 @@ pub struct XdpQp {
     idx: usize,
     qpn: u32,
     caps: QpCaps,
-    _cqs: (Arc<CqKeep>, Arc<CqKeep>),
 }
 
 impl Drop for XdpQp {
@@ -446,11 +486,13 @@ impl Qp for XdpQp {
         let mut port = self.ctx.port();
         let from = port.qp_state(self.idx);
         from.check_transition(attr.state, self.qpn)?;
-        if attr.state == QpState::Init && from == QpState::Reset && attr.port_num > 1 {
-            return Err(Error::new(
-                Errno::EINVAL,
-                format!("modify QP {:#x}: port {} does not exist", self.qpn, attr.port_num),
-            ));
+        if attr.state == QpState::Init && from == QpState::Reset {
+            // Port 0 (unset) means port 1, as in the bring-up helpers.
+            let link = self
+                .ctx
+                .link(attr.port_num.max(1))
+                .map_err(|e| Error::new(e.errno, format!("modify QP {:#x}: {}", self.qpn, e.msg)))?;
+            port.set_link(self.idx, link);
         }
         port.set_state(self.idx, attr.state);
         Ok(())
@@ -475,22 +517,38 @@ impl Qp for XdpQp {
     }
 }
 
-/// SRQs are not implemented on `xdp` yet ([`Pd::create_srq`] says so); this type has no
-/// values.
-pub enum XdpSrq {}
+/// A shared receive queue of an `xdp` device: the receives of every QP created on it.
+pub struct XdpSrq {
+    ctx: Arc<CtxInner>,
+    idx: usize,
+    srqn: u32,
+}
+
+impl Drop for XdpSrq {
+    fn drop(&mut self) {
+        self.ctx.port().destroy_srq(self.idx);
+    }
+}
 
 impl Srq for XdpSrq {
     fn srq_num(&self) -> u32 {
-        match *self {}
+        self.srqn
     }
-    fn post_recv(&mut self, _chain: &RecvChain) -> std::result::Result<(), PostError> {
-        match *self {}
+    fn post_recv(&mut self, chain: &RecvChain) -> std::result::Result<(), PostError> {
+        self.ctx.port().post_srq_recv(self.idx, chain)
     }
-    fn modify(&mut self, _attr: &SrqAttr, _mask: SrqAttrMask) -> Result<()> {
-        match *self {}
+    /// Arms the limit; a resize is EOPNOTSUPP.
+    fn modify(&mut self, attr: &SrqAttr, mask: SrqAttrMask) -> Result<()> {
+        if mask.contains(SrqAttrMask::MAX_WR) {
+            return Err(Error::new(Errno::EOPNOTSUPP, "xdp: SRQs cannot be resized"));
+        }
+        if mask.contains(SrqAttrMask::LIMIT) {
+            self.ctx.port().arm_srq_limit(self.idx, attr.srq_limit)?;
+        }
+        Ok(())
     }
     fn query(&self) -> Result<SrqAttr> {
-        match *self {}
+        Ok(self.ctx.port().query_srq(self.idx))
     }
 }
 

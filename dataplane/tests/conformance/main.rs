@@ -290,7 +290,7 @@ impl XdpHarness {
     }
 
     /// A fresh network namespace for this thread, with the veth pair up in it.
-    fn fresh_netns_with_pair() {
+    pub fn fresh_netns_with_pair() {
         // SAFETY: unshare(2) takes no pointers; CLONE_NEWNET affects the calling thread only.
         let r = unsafe { libc::unshare(libc::CLONE_NEWNET) };
         assert_eq!(r, 0, "unshare(CLONE_NEWNET): {} (the xdp cases need root)", std::io::Error::last_os_error());
@@ -368,7 +368,7 @@ mod xdp {
         }
         let mut a = crate::harness::Node::<XdpHarness>::open("xdp-veth", 0);
         let mut b = crate::harness::Node::<XdpHarness>::open("xdp-veth", 1);
-        assert!(!a.ctx.zero_copy(), "veth has no zero-copy AF_XDP; Auto must have fallen back to copy mode");
+        assert!(!a.ctx.zero_copy(1), "veth has no zero-copy AF_XDP; Auto must have fallen back to copy mode");
         let e = dataplane::xdp::Xdp::open(&dataplane::xdp::XdpConfig::new("dpxb"))
             .err()
             .expect("a second socket on dpxb queue 0");
@@ -398,13 +398,97 @@ mod xdp {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
         let c = loop {
             crate::harness::assert_no_completion(&mut b.rcq);
-            let c = b.ctx.counters();
+            let c = b.ctx.counters(1).unwrap();
             if c.rx_frames >= 3 || std::time::Instant::now() > deadline {
                 break c;
             }
         };
         assert_eq!((c.rx_frames, c.rx_delivered, c.rx_no_recv, c.rx_no_rule), (3, 1, 1, 1), "{c:?}");
-        assert_eq!(a.ctx.counters().tx_frames, 3);
+        assert_eq!(a.ctx.counters(1).unwrap().tx_frames, 3);
+    }
+
+    /// Two interfaces as ports 1 and 2 of one context, QPs bound to each at INIT, both on
+    /// one SRQ: a frame sent by the port-1 QP out of dpxa arrives on dpxb and lands in an SRQ
+    /// buffer through the port-2 QP (not the port-1 QP, though its rule matches too: steering
+    /// is per port); the SRQ's limit event fires once (ibv_modify_srq(3)); port 3 does not
+    /// exist (EINVAL at INIT).
+    #[test]
+    fn xdp_two_ports_one_srq() {
+        use dataplane::verbs::{
+            AccessFlags, AsyncEventKind, ConnectOpts, QpAttr, QpCaps, QpState, SrqAttr, SrqAttrMask,
+        };
+        use dataplane::{Context, MemRegion, Mr, Pd, QpInitAttr, Srq};
+        if let Some(why) = XdpHarness::unsupported("xdp_two_ports_one_srq") {
+            println!("conformance case xdp_two_ports_one_srq NOT RUN on this provider: {why}");
+            return;
+        }
+        XdpHarness::fresh_netns_with_pair();
+        let mut cfg = dataplane::xdp::XdpConfig::ports(&["dpxa", "dpxb"]);
+        cfg.frames = 256;
+        let ctx = dataplane::xdp::Xdp::open(&cfg).expect("open dpxa + dpxb");
+        assert_eq!(ctx.ifname(2), Some("dpxb"));
+        let pd = ctx.alloc_pd().unwrap();
+        let region = ctx.alloc_region(1 << 16).unwrap();
+        let mr = pd.reg_mr(&region, 0, 1 << 16, AccessFlags::LOCAL_WRITE).unwrap();
+        let mut scq = ctx.create_cq(64).unwrap();
+        let mut rcq = ctx.create_cq(64).unwrap();
+        let mut srq = pd.create_srq(&SrqAttr { max_wr: 8, max_sge: 1, srq_limit: 0 }).unwrap();
+        let mk = |port: u8| {
+            let attr = QpInitAttr::<dataplane::xdp::Xdp> {
+                send_cq: &scq,
+                recv_cq: &rcq,
+                srq: Some(&srq),
+                cap: QpCaps { max_recv_wr: 0, ..Default::default() },
+                qp_type: QpType::RawPacket,
+                sq_sig_all: true,
+            };
+            let mut q = pd.create_qp(&attr).unwrap();
+            q.ready(&ConnectOpts { port_num: port, ..Default::default() }).unwrap();
+            q
+        };
+        let (mut q1, mut q2) = (mk(1), mk(2));
+        let attr = QpInitAttr::<dataplane::xdp::Xdp> {
+            send_cq: &scq,
+            recv_cq: &rcq,
+            srq: Some(&srq),
+            cap: QpCaps { max_recv_wr: 0, ..Default::default() },
+            qp_type: QpType::RawPacket,
+            sq_sig_all: true,
+        };
+        let mut q3 = pd.create_qp(&attr).unwrap();
+        let e = q3.modify(&QpAttr { state: QpState::Init, port_num: 3, ..Default::default() }).unwrap_err();
+        assert_eq!(e.errno, Errno::EINVAL, "{e}");
+        assert!(e.msg.contains("port 3"), "{e}");
+        for q in [&mut q1, &mut q2] {
+            q.create_flow(&FlowSpec { ether_type: Some(0x88b5), ..Default::default() }).unwrap();
+        }
+        for i in 0..4u64 {
+            srq.post_recv(&RecvChain::one(
+                100 + i,
+                &[dataplane::verbs::Sge::new(mr.addr() + 4096 + i * 256, 256, mr.lkey())],
+            ))
+            .unwrap();
+        }
+        srq.modify(&SrqAttr { srq_limit: 4, ..Default::default() }, SrqAttrMask::LIMIT).unwrap();
+        let mut f = vec![0x02, 0, 0, 0, 0, 9, 0x02, 0, 0, 0, 0, 8, 0x88, 0xb5];
+        f.resize(64, 0x5a);
+        region.write(0, &f);
+        q1.post_send(&SendChain::one(SendWr::send(1), &[dataplane::verbs::Sge::new(mr.addr(), 64, mr.lkey())]))
+            .unwrap();
+        let s = crate::harness::poll_one(&mut scq);
+        assert_eq!((s.wr_id, s.qp_num), (1, q1.qp_num()));
+        let r = crate::harness::poll_one(&mut rcq);
+        assert_eq!((r.wr_id, r.qp_num, r.byte_len), (100, q2.qp_num(), 64), "arrived on port 2, through q2");
+        let mut got = vec![0u8; 64];
+        region.read(4096, &mut got);
+        assert_eq!(got, f);
+        crate::harness::assert_no_completion(&mut rcq);
+        let ev = ctx.poll_async_event().expect("the SRQ limit event");
+        assert_eq!((ev.kind, ev.element), (AsyncEventKind::SrqLimitReached, srq.srq_num()));
+        assert!(ctx.poll_async_event().is_none(), "once");
+        assert_eq!(srq.query().unwrap().srq_limit, 0, "disarmed");
+        let e = q2.post_recv(&RecvChain::one(1, &[dataplane::verbs::Sge::new(mr.addr(), 8, mr.lkey())])).unwrap_err();
+        assert_eq!(e.errno, Errno::EINVAL, "post_recv on a QP with an SRQ");
     }
 
     /// Opening an interface that does not exist is ENODEV naming it (no root needed).
