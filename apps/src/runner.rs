@@ -24,6 +24,7 @@ use dataplane::verbs::{AccessFlags, QpType};
 use dataplane::worker::idle::IdleKind;
 use dataplane::worker::stats::{QpStats, WorkerStats};
 use dataplane::worker::{Control, PeerAddr, QpParams, Worker, WorkerParams, WorkerReport};
+use dataplane::xdp::{Xdp, XdpConfig};
 use dataplane::{Context, Mr, Pd, Provider};
 use dataplane_config::{Config, HugepagePolicy, IdlePolicy, PageSize, Peer, ProviderKind, StageKind, Transport};
 use std::collections::HashMap;
@@ -96,6 +97,14 @@ pub fn run(cfg: &Config, registry: &Registry, opts: &RunOptions, interrupt: &Ato
             };
             run_on::<Rdma>(&rcfg, cfg, registry, opts, interrupt)
         }
+        ProviderKind::Xdp => {
+            if opts.fabric.is_some() {
+                return Err("--fabric names an shm fabric; this pipeline uses the xdp provider".into());
+            }
+            let names: Vec<&str> =
+                cfg.provider.interfaces.as_ref().map(|i| i.iter().map(String::as_str).collect()).unwrap_or_default();
+            run_on::<Xdp>(&XdpConfig::ports(&names), cfg, registry, opts, interrupt)
+        }
         ProviderKind::Shm => {
             let fabric = opts.fabric.clone().unwrap_or_else(|| cfg.provider.fabric.as_str().to_owned());
             let page = match *cfg.memory.page_size {
@@ -136,7 +145,7 @@ where
     // The port and GID index of every route (the shm port is 1 and has one GID).
     let route = match *cfg.provider.kind {
         ProviderKind::Rdma => Route { port: *cfg.provider.port, gid_index: *cfg.provider.gid_index },
-        ProviderKind::Shm => Route { port: 1, gid_index: 0 },
+        ProviderKind::Shm | ProviderKind::Xdp => Route { port: 1, gid_index: 0 },
     };
     let device = match &cfg.provider.device {
         Some(d) => format!("device {}", d.as_str()),
@@ -176,11 +185,12 @@ where
     let links = exchange::connect_remote::<P>(cfg, &pd, &mut b.workers, &b.qps, route, interrupt)?;
     let stats: Vec<WorkerStats> = b.workers.iter().map(|w| w.stats()).collect();
     // The drain waits for what a reliable transport delivers: messages on RC QPs. A UD
-    // datagram may be lost (no receive posted, as on a NIC), so UD QPs are not waited for.
+    // datagram or an Ethernet frame may be lost (no receive posted, as on a NIC), so UD and
+    // RAW_PACKET QPs are not waited for.
     let reliable: Vec<QpStats> = cfg
         .qps
         .iter()
-        .filter(|q| *q.transport != Transport::Ud)
+        .filter(|q| *q.transport == Transport::Rc)
         .filter_map(|q| b.qps.get(q.name.as_str()).map(|&(w, i)| b.workers[w].qp_stats(i)))
         .collect();
 
@@ -361,7 +371,9 @@ fn build<P: Provider>(
             transport: match *q.transport {
                 Transport::Rc => QpType::Rc,
                 Transport::Ud => QpType::Ud,
+                Transport::RawPacket => QpType::RawPacket,
             },
+            port: q.port.as_ref().map_or(1, |p| **p),
             max_inline: fit.max_inline.get(j).copied().unwrap_or(0),
             send_depth: *q.send_depth,
             signal_interval: q.effective_signal_interval(wcfg),

@@ -189,6 +189,8 @@ pub enum ProviderKind {
     Shm,
     /// rdma-core's libibverbs: real NICs and Soft-RoCE.
     Rdma,
+    /// AF_XDP on Linux interfaces: RAW_PACKET QPs only (packet pipelines).
+    Xdp,
 }
 
 impl ProviderKind {
@@ -197,6 +199,7 @@ impl ProviderKind {
         match self {
             ProviderKind::Shm => "shm",
             ProviderKind::Rdma => "rdma",
+            ProviderKind::Xdp => "xdp",
         }
     }
 }
@@ -204,12 +207,12 @@ impl ProviderKind {
 /// `[provider]`: the verbs engine and its settings.
 ///
 /// Fields belong to one kind: `fabric` and `fabric_size` to `shm`, `device`, `port` and
-/// `gid_index` to `rdma`. Setting a field of the other kind is an error, so a pipeline never
+/// `gid_index` to `rdma`, `interfaces` to `xdp`. Setting a field of the other kind is an error, so a pipeline never
 /// silently ignores what its author wrote.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ProviderConfig {
-    /// `"shm"` or `"rdma"`. Default: `"shm"`.
+    /// `"shm"`, `"rdma"` or `"xdp"`. Default: `"shm"`.
     pub kind: Located<ProviderKind>,
     /// shm: name of the shared fabric; processes that use the same name share one software
     /// NIC, different names run side by side. Letters, digits, `-`, `_`, `.`.
@@ -225,6 +228,9 @@ pub struct ProviderConfig {
     pub port: Located<u8>,
     /// rdma: GID table index (RoCE v2 is often 1 or 3; `show_gids` lists them). Default: `0`.
     pub gid_index: Located<u8>,
+    /// xdp: the Linux interfaces (queue 0 of each) that are the device's ports 1, 2, ...;
+    /// a raw_packet QP picks one with its `port`. Required for xdp.
+    pub interfaces: Option<Located<Vec<String>>>,
 }
 
 impl Default for ProviderConfig {
@@ -236,6 +242,7 @@ impl Default for ProviderConfig {
             device: None,
             port: Located::new(defaults::PORT),
             gid_index: Located::new(defaults::GID_INDEX),
+            interfaces: None,
         }
     }
 }
@@ -468,6 +475,11 @@ pub enum Transport {
     Rc,
     /// Unreliable datagram: messages up to the path MTU, any peer.
     Ud,
+    /// Whole Ethernet frames on an interface (provider `xdp`): no peer; every frame that
+    /// arrives on the QP's port is received (one catch-all steering rule), and what a stage
+    /// sends on it goes out as a frame.
+    #[serde(rename = "raw_packet")]
+    RawPacket,
 }
 
 impl Transport {
@@ -476,6 +488,7 @@ impl Transport {
         match self {
             Transport::Rc => "rc",
             Transport::Ud => "ud",
+            Transport::RawPacket => "raw_packet",
         }
     }
 }
@@ -505,7 +518,7 @@ pub struct QpConfig {
     pub name: Located<String>,
     /// Owning worker: the only thread that posts to and polls this QP. Required.
     pub worker: Located<String>,
-    /// `"rc"` or `"ud"`. Default: `"rc"`.
+    /// `"rc"`, `"ud"` or `"raw_packet"` (provider `xdp` only). Default: `"rc"`.
     #[serde(default = "d::transport")]
     pub transport: Located<Transport>,
     /// Send queue entries. At least `doorbell_batch` and twice the signal interval.
@@ -564,6 +577,10 @@ pub struct QpConfig {
     /// the group then lands in this QP's receive queue too. Default: absent.
     #[serde(default)]
     pub mcast: Option<Located<String>>,
+    /// raw_packet only: the device port (1-based: the position in `provider.interfaces`)
+    /// the QP sends and receives on. Default: absent, meaning port 1.
+    #[serde(default)]
+    pub port: Option<Located<u8>>,
 }
 
 /// Parses a multicast group written as an IPv6 address in `ff00::/8` (`"ff0e::1:1"`) into
@@ -595,6 +612,7 @@ impl QpConfig {
             listen: None,
             use_srq: d::use_srq(),
             mcast: None,
+            port: None,
         }
     }
 

@@ -418,7 +418,52 @@ impl<'a> Validator<'a> {
             )
         };
         let mut foreign: Vec<(Option<Range<usize>>, &str, ProviderKind)> = Vec::new();
+        if kind != ProviderKind::Xdp {
+            if let Some(i) = &p.interfaces {
+                foreign.push((i.span.clone(), "interfaces", ProviderKind::Xdp));
+            }
+        }
         match kind {
+            ProviderKind::Xdp => {
+                if let Some(d) = &p.device {
+                    foreign.push((d.span.clone(), "device", ProviderKind::Rdma));
+                }
+                if p.port.is_explicit() {
+                    foreign.push((p.port.span.clone(), "port", ProviderKind::Rdma));
+                }
+                if p.gid_index.is_explicit() {
+                    foreign.push((p.gid_index.span.clone(), "gid_index", ProviderKind::Rdma));
+                }
+                if p.fabric_size.is_explicit() {
+                    foreign.push((p.fabric_size.span.clone(), "fabric_size", ProviderKind::Shm));
+                }
+                let bad = match &p.interfaces {
+                    None => Some((None, "kind = \"xdp\" needs `interfaces`".to_owned())),
+                    Some(i) if i.is_empty() || i.len() > 16 => {
+                        Some((i.span.clone(), format!("{} interfaces: give 1 to 16", i.len())))
+                    }
+                    Some(i) => {
+                        i.iter().find(|n| n.is_empty() || n.len() > 15 || n.contains(['/', ' ', '\0'])).map(|n| {
+                            (
+                                i.span.clone(),
+                                format!("`{n}` is not an interface name (1-15 characters, no `/` or space)"),
+                            )
+                        })
+                    }
+                };
+                if let Some((span, msg)) = bad {
+                    self.push(
+                        ErrorKind::Invalid,
+                        span.or_else(|| p.kind.span.clone()),
+                        "provider.interfaces".into(),
+                        msg,
+                        Some(
+                            "list the Linux interfaces that are ports 1, 2, ...: interfaces = [\"veth0\", \"veth1\"]"
+                                .into(),
+                        ),
+                    );
+                }
+            }
             ProviderKind::Shm => {
                 if let Some(d) = &p.device {
                     foreign.push((d.span.clone(), "device", ProviderKind::Rdma));
@@ -589,7 +634,7 @@ impl<'a> Validator<'a> {
         };
         let fabric_bytes = match *cfg.provider.kind {
             ProviderKind::Shm => cfg.provider.fabric_size.bytes(),
-            ProviderKind::Rdma => 0,
+            ProviderKind::Rdma | ProviderKind::Xdp => 0,
         };
 
         if policy == HugepagePolicy::Require {
@@ -868,6 +913,7 @@ impl<'a> Validator<'a> {
             }
             self.peer(j);
             self.mcast(j);
+            self.raw_packet(j);
 
             let Some(wi) = worker_idx else { continue };
             let w = &cfg.workers[wi];
@@ -933,6 +979,65 @@ impl<'a> Validator<'a> {
                         Some(hint),
                     ),
                 }
+            }
+        }
+    }
+
+    /// `raw_packet`: with provider xdp only (and xdp has no other transport); no peer or
+    /// listen; `port` only on raw_packet QPs, within `provider.interfaces`.
+    fn raw_packet(&mut self, j: usize) {
+        let cfg = self.cfg;
+        let q = &cfg.qps[j];
+        let xdp = *cfg.provider.kind == ProviderKind::Xdp;
+        let raw = *q.transport == Transport::RawPacket;
+        if raw != xdp {
+            let (msg, help) = if raw {
+                (
+                    format!("qp `{}` is raw_packet, which only the xdp provider has", q.name),
+                    "set [provider] kind = \"xdp\" with its interfaces, or use rc or ud",
+                )
+            } else {
+                (
+                    format!("qp `{}` is {}; the xdp provider has raw_packet QPs only", q.name, q.transport.as_str()),
+                    "set transport = \"raw_packet\"",
+                )
+            };
+            let span = if q.transport.is_explicit() { q.transport.span.clone() } else { q.name.span.clone() };
+            self.push(ErrorKind::Invalid, span, format!("qps[{j}].transport"), msg, Some(help.into()));
+        }
+        if raw {
+            for (f, span) in [
+                ("peer", q.peer.as_ref().map(|p| p.span.clone())),
+                ("listen", q.listen.as_ref().map(|p| p.span.clone())),
+            ] {
+                if let Some(span) = span {
+                    self.push(
+                        ErrorKind::Invalid,
+                        span,
+                        format!("qps[{j}].{f}"),
+                        format!("raw_packet qp `{}` has `{f}`: its frames go out of its port, to whatever the frame's MACs name", q.name),
+                        Some(format!("remove `{f}`; pick the interface with `port`")),
+                    );
+                }
+            }
+        }
+        if let Some(port) = &q.port {
+            let n = cfg.provider.interfaces.as_ref().map_or(0, |i| i.len());
+            let msg = if !raw {
+                Some(format!("`port` applies only to raw_packet qps; `{}` is {}", q.name, q.transport.as_str()))
+            } else if **port == 0 || usize::from(**port) > n {
+                Some(format!("port {} does not exist: the xdp device has ports 1..={n} (provider.interfaces)", **port))
+            } else {
+                None
+            };
+            if let Some(msg) = msg {
+                self.push(
+                    ErrorKind::Invalid,
+                    port.span.clone(),
+                    format!("qps[{j}].port"),
+                    msg,
+                    Some("ports are numbered from 1, in the order of provider.interfaces".into()),
+                );
             }
         }
     }

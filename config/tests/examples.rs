@@ -27,6 +27,7 @@ fn every_example_validates_on_two_cores() {
             "echo.toml",
             "fanout.toml",
             "forward-chain.toml",
+            "l2fwd.toml",
             "remote-client-rdma.toml",
             "remote-client.toml",
             "remote-server-rdma.toml",

@@ -113,8 +113,11 @@ pub const UD_QKEY: u32 = 0x1111_1111;
 pub struct QpParams {
     /// Name, for reports.
     pub name: String,
-    /// RC or UD (UC is not used by the runtime).
+    /// RC, UD or RAW_PACKET (UC is not used by the runtime).
     pub transport: QpType,
+    /// The device port the QP is bound to (1-based; RAW_PACKET QPs on a multi-port `xdp`
+    /// device pick their interface with it).
+    pub port: u8,
     /// Send queue entries.
     pub send_depth: u32,
     /// One send in this many is signaled.
@@ -138,6 +141,7 @@ impl Default for QpParams {
         QpParams {
             name: String::new(),
             transport: QpType::Rc,
+            port: 1,
             send_depth: 128,
             signal_interval: 16,
             min_rnr_timer: 12,
@@ -412,10 +416,16 @@ impl<P: Provider> Worker<P> {
 
     /// Creates a QP on the worker's CQs and SRQ; returns its index. An RC QP is left in
     /// INIT until [`connect`](Self::connect_to); a UD QP is brought to RTS at once (it
-    /// receives from anyone) and gets its destination from [`connect_to`](Self::connect_to).
+    /// receives from anyone) and gets its destination from [`connect_to`](Self::connect_to);
+    /// a RAW_PACKET QP is brought to RTS on port `qp.port` with one steering rule that
+    /// matches every frame (it receives all of its port's traffic; its sends are whole
+    /// frames).
     pub fn add_qp(&mut self, pd: &P::Pd, qp: QpParams) -> Result<usize> {
-        if !matches!(qp.transport, QpType::Rc | QpType::Ud) {
-            return Err(Error::new(Errno::EINVAL, format!("qp {}: the runtime uses RC and UD QPs only", qp.name)));
+        if !matches!(qp.transport, QpType::Rc | QpType::Ud | QpType::RawPacket) {
+            return Err(Error::new(
+                Errno::EINVAL,
+                format!("qp {}: the runtime uses RC, UD and RAW_PACKET QPs only", qp.name),
+            ));
         }
         let cap =
             QpCaps { max_send_wr: qp.send_depth, max_recv_wr: 0, max_inline_data: qp.max_inline, ..Default::default() };
@@ -431,11 +441,14 @@ impl<P: Provider> Worker<P> {
         // UD is ready at once (its destination travels with each send); RC waits in INIT for
         // its peer ([`Self::connect_to`]).
         let ud = qp.transport == QpType::Ud;
-        let opts = ConnectOpts { qkey: UD_QKEY, ..Default::default() };
-        if ud {
-            q.ready(&opts)?;
-        } else {
-            q.bring_up_to_init(&opts)?;
+        let opts = ConnectOpts { qkey: UD_QKEY, port_num: qp.port.max(1), ..Default::default() };
+        match qp.transport {
+            QpType::Ud => q.ready(&opts)?,
+            QpType::RawPacket => {
+                q.ready(&opts)?;
+                q.create_flow(&crate::verbs::FlowSpec::default())?;
+            }
+            _ => q.bring_up_to_init(&opts)?,
         }
         let depth = q.caps().max_send_wr.min(qp.send_depth).max(1);
         self.qp_nums.push(q.qp_num());
