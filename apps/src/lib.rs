@@ -9,6 +9,7 @@ pub mod exchange;
 pub mod json;
 pub mod limits;
 pub mod logging;
+pub mod packet;
 pub mod report;
 pub mod runner;
 pub mod signals;

@@ -4,4 +4,5 @@
 pub mod checksum;
 pub mod frame;
 pub mod pcap;
+pub mod route;
 pub mod tso;
