@@ -14,7 +14,7 @@ secs="${1:-20}"
 shift || true
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-    targets=(config exchange stats shm_header trading)
+    targets=(config exchange stats shm_header trading packet)
 fi
 
 if ! rustup run nightly rustc --version >/dev/null 2>&1; then

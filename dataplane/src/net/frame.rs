@@ -45,8 +45,13 @@ impl FrameKey {
         k.ether_type = et;
         let l3 = at + 2;
         let (proto, l4) = match et {
-            0x0800 if hdr.len() >= l3 + 20 => (hdr[l3 + 9], l3 + usize::from(hdr[l3] & 0x0f) * 4),
-            0x86dd if hdr.len() >= l3 + 40 => (hdr[l3 + 6], l3 + 40),
+            // A header that is not version 4 with IHL >= 5 (or version 6) is not parsed as
+            // IP: with IHL 0 the "TCP header" would be the IP header itself, and a checksum
+            // offload would write into the addresses (found by the `packet` fuzz target).
+            0x0800 if hdr.len() >= l3 + 20 && hdr[l3] >> 4 == 4 && hdr[l3] & 0x0f >= 5 => {
+                (hdr[l3 + 9], l3 + usize::from(hdr[l3] & 0x0f) * 4)
+            }
+            0x86dd if hdr.len() >= l3 + 40 && hdr[l3] >> 4 == 6 => (hdr[l3 + 6], l3 + 40),
             _ => return k,
         };
         k.l3 = Some(l3);
@@ -134,6 +139,25 @@ mod tests {
         for n in 0..udp4(true).len() {
             let _ = FrameKey::parse(&udp4(true)[..n]);
         }
+    }
+
+    /// Found by the `packet` fuzz target: an IPv4 header with IHL 0 made the L4 header start
+    /// at the IP header, and IP_CSUM wrote a "UDP checksum" into the source address.
+    #[test]
+    fn ipv4_with_ihl_below_5_or_another_version_is_not_ip() {
+        for first in [0x40u8, 0x44, 0x05, 0x65] {
+            let mut f = udp4(false);
+            f[14] = first;
+            let k = FrameKey::parse(&f);
+            assert_eq!((k.l3, k.l4, k.ip_proto, k.dst_port), (None, None, None, None), "{first:#x}");
+            let before = f.clone();
+            fill_ip_checksums(&mut f);
+            assert_eq!(f, before, "{first:#x}: a frame that is not IP is sent unchanged");
+        }
+        let mut f = udp4(false);
+        f[14] = 0x46; // IHL 6: 4 bytes of options
+        f.splice(34..34, [1, 1, 1, 1]);
+        assert_eq!(FrameKey::parse(&f).l4, Some(38));
     }
 
     #[test]
