@@ -5,7 +5,9 @@
 #
 # The generator is DPDK's own `dpdk-testpmd --forward-mode=txonly` on g0 through its
 # net_af_xdp driver (64-byte frames as fast as it can); the rate is what arrives at s0
-# (its kernel rx_packets counter) over WINDOW seconds after one second of warm-up. The
+# (its kernel rx_packets counter) over WINDOW seconds after one second of warm-up, and the
+# generator's own rate (g0 tx_packets) in the same windows is printed beside: a forwarder
+# that keeps up with it is bounded by the generator, not by itself. The
 # forwarders, each in turn, ROUNDS times, alternating:
 #   dataplane   config/examples/l2fwd.toml on f0/f1 (the xdp provider, copy mode on veth)
 #   testpmd     dpdk-testpmd --forward-mode=mac on f0/f1 through net_af_xdp
@@ -28,7 +30,7 @@ BIN=${DATAPLANE_BIN:-target/release/dataplane}
 [ -x "$BIN" ] || cargo build -q --release -p dataplane-apps --bin dataplane
 TMP=$(mktemp -d)
 cleanup() {
-    pkill -INT -f "dpdk-testpmd.*dpb" 2>/dev/null || true
+    pkill -f "sleep 9999[12]" 2>/dev/null || true
     [ -n "${FWD_PID:-}" ] && kill -INT "$FWD_PID" 2>/dev/null || true
     sleep 0.5
     ip netns del dpb-gen 2>/dev/null || true
@@ -52,17 +54,22 @@ done
 sed 's/"dpl0", "dpl1"/"f0", "f1"/' config/examples/l2fwd.toml > "$TMP/l2fwd.toml"
 
 # The generator runs for the whole benchmark.
-(sleep 100000; echo) | ip netns exec dpb-gen dpdk-testpmd -l 1 --no-pci --in-memory --file-prefix dpbgen \
-    --vdev net_af_xdp0,iface=g0 --log-level=pmd.net.af_xdp:4 -- --forward-mode=txonly --txpkts=64 \
-    --auto-start --nb-cores=1 > "$TMP/gen.log" 2>&1 &
+# testpmd quits when its stdin gives a line: `(sleep; echo) |` keeps it running until then.
+# Its main lcore mostly sleeps; the forwarding lcore is the second of -l.
+{ (sleep 99991; echo) | ip netns exec dpb-gen dpdk-testpmd -l 0,1 --main-lcore 0 --no-pci --in-memory \
+    --file-prefix dpbgen --vdev net_af_xdp0,iface=g0 -- --forward-mode=txonly --txpkts=64 \
+    --auto-start --nb-cores=1; } > "$TMP/gen.log" 2>&1 &
 sleep 3
 grep -q "Start automatic packet forwarding\|txonly packet forwarding" "$TMP/gen.log" ||
     { cat "$TMP/gen.log"; echo "fwd-bench: the generator did not start" >&2; exit 1; }
 
 rx() { ip netns exec dpb-sink cat /sys/class/net/s0/statistics/rx_packets; }
-measure() { # prints Mpps at s0 over WINDOW seconds
+tx() { ip netns exec dpb-gen cat /sys/class/net/g0/statistics/tx_packets; }
+OFFERED=$TMP/offered
+measure() { # prints Mpps at s0 over WINDOW seconds; appends the generator's rate to $OFFERED
     sleep 1
-    local a b; a=$(rx); sleep "$WINDOW"; b=$(rx)
+    local a b c d; a=$(rx); c=$(tx); sleep "$WINDOW"; b=$(rx); d=$(tx)
+    awk -v a="$c" -v b="$d" -v w="$WINDOW" 'BEGIN { printf "%.3f\n", (b - a) / w / 1e6 }' >> "$OFFERED"
     awk -v a="$a" -v b="$b" -v w="$WINDOW" 'BEGIN { printf "%.3f", (b - a) / w / 1e6 }'
 }
 run_dataplane() {
@@ -77,13 +84,15 @@ run_dataplane() {
     kill -INT "$FWD_PID"; wait "$FWD_PID" || true; FWD_PID=
 }
 run_testpmd() {
-    (sleep 100000; echo) | dpdk-testpmd -l 0 --no-pci --in-memory --file-prefix dpbfwd \
+    { (sleep 99992; echo) | dpdk-testpmd -l 1,0 --main-lcore 1 --no-pci --in-memory --file-prefix dpbfwd \
         --vdev net_af_xdp1,iface=f0 --vdev net_af_xdp2,iface=f1 -- --forward-mode=mac --auto-start \
-        --nb-cores=1 > "$TMP/fwd.log" 2>&1 &
+        --nb-cores=1; } > "$TMP/fwd.log" 2>&1 &
     FWD_PID=$!
     sleep 2
+    grep -q "Start automatic packet forwarding\|mac packet forwarding" "$TMP/fwd.log" ||
+        { cat "$TMP/fwd.log" >&2; echo "fwd-bench: testpmd (the forwarder) did not start" >&2; }
     measure
-    pkill -INT -f "file-prefix dpbfwd" || true; wait "$FWD_PID" 2>/dev/null || true; FWD_PID=
+    pkill -f "sleep 99992" || true; wait "$FWD_PID" 2>/dev/null || true; FWD_PID=
 }
 run_kernel() {
     ip link add dpbbr type bridge
@@ -102,11 +111,14 @@ for r in $(seq "$ROUNDS"); do
 done
 med() { tr ' ' '\n' <<<"$1" | grep . | sort -g | awk '{ a[NR] = $1 } END { print (NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2) }'; }
 d=$(med "${all[dataplane]}"); t=$(med "${all[testpmd]}"); k=$(med "${all[kernel]}")
+echo "generator (testpmd txonly on g0): median $(med "$(cat "$OFFERED")") Mpps sent during the windows"
 echo "medians of $ROUNDS rounds, 64-byte frames arriving at s0:"
 awk -v d="$d" -v t="$t" -v k="$k" 'BEGIN {
     printf "  dataplane l2fwd  %.3f Mpps  (%.2fx testpmd)\n", d, (t > 0 ? d / t : 0)
     printf "  dpdk-testpmd mac %.3f Mpps\n", t
     printf "  kernel bridge    %.3f Mpps  (%.2fx testpmd)\n", k, (t > 0 ? k / t : 0)
 }'
-echo "+ tcpdump -r of frames forwarded by dataplane (first 3 of $(tcpdump -r "$TMP/fwd.pcap" 2>/dev/null | wc -l)):"
-tcpdump -r "$TMP/fwd.pcap" -nn -e 2>/dev/null | head -3
+echo "+ tcpdump -r of frames forwarded by dataplane (the first 3):"
+n=$(tcpdump -r "$TMP/fwd.pcap" -nn 2>/dev/null | wc -l)
+tcpdump -r "$TMP/fwd.pcap" -nn -e 2>/dev/null | head -3 || true
+[ "$n" -gt 0 ] || { echo "fwd-bench: no forwarded frame in the pcap" >&2; exit 1; }
