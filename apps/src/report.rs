@@ -161,6 +161,13 @@ pub fn text(r: &RunReport) -> String {
             if p.leaked == 0 { "" } else { "  <-- LEAK" }
         );
     }
+    if !r.device.is_empty() {
+        o.push_str("device");
+        for (k, v) in &r.device {
+            let _ = write!(o, " {k} {v}");
+        }
+        o.push('\n');
+    }
     o
 }
 
@@ -272,6 +279,10 @@ pub fn json(r: &RunReport) -> String {
         }
         let _ = write!(o, "{{\"name\":{},\"count\":{},\"leaked\":{}}}", js(&p.name), p.count, p.leaked);
     }
-    o.push_str("]}");
+    o.push_str("],\"device\":{");
+    for (i, (k, v)) in r.device.iter().enumerate() {
+        let _ = write!(o, "{}{}:{v}", if i > 0 { "," } else { "" }, js(k));
+    }
+    o.push_str("}}");
     o
 }

@@ -79,6 +79,9 @@ pub struct RunReport {
     pub peer_gone: bool,
     /// Messages sent on RC QPs and not received back when the drain ended (0 when drained).
     pub lost_in_flight: u64,
+    /// The device's own counters at the end of the run (`Context::device_counters`: the
+    /// `xdp` ports' frames and drops; empty on `shm` and `rdma`).
+    pub device: Vec<(String, u64)>,
 }
 
 /// Runs the (validated) pipeline `cfg`, its stages made by `registry`. `interrupt` is set by
@@ -313,7 +316,8 @@ where
             n.0.saturating_sub(n.1)
         }
     };
-    Ok(RunReport { elapsed, drained, drain_time, workers, pools, interrupted, peer_gone, lost_in_flight: lost })
+    let device = ctx.device_counters();
+    Ok(RunReport { elapsed, drained, drain_time, workers, pools, interrupted, peer_gone, lost_in_flight: lost, device })
 }
 
 #[allow(clippy::too_many_arguments)]

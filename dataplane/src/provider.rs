@@ -86,6 +86,12 @@ pub trait Context<P: Provider>: Send + Sync {
         let _ = file;
         self.open_xrcd()
     }
+    /// Counters of the device itself rather than of a QP or CQ, by name, for run summaries
+    /// (`xdp`: per port, frames received, delivered and dropped by reason, and the kernel's
+    /// AF_XDP drop counters). Off the hot path: it may allocate and lock. Default: none.
+    fn device_counters(&self) -> Vec<(String, u64)> {
+        Vec::new()
+    }
 }
 
 /// An XRC domain (`struct ibv_xrcd`): the scope in which XRC_RECV QPs hand messages to XRC SRQs.

@@ -288,6 +288,42 @@ impl Context<Xdp> for XdpContext {
     fn poll_async_event(&self) -> Option<AsyncEvent> {
         self.inner.port().next_event()
     }
+
+    /// Per port `p<N>.<interface>.`: `rx_frames`, `rx_delivered`, `rx_no_rule`, `rx_no_recv`,
+    /// `tx_frames`, `tx_kicks`, and the kernel's `XDP_STATISTICS` as `kernel_rx_dropped`,
+    /// `kernel_rx_ring_full`, `kernel_rx_fill_ring_empty`, `kernel_rx_invalid_descs`,
+    /// `kernel_tx_invalid_descs`, `kernel_tx_ring_empty`.
+    fn device_counters(&self) -> Vec<(String, u64)> {
+        let port = self.inner.port();
+        let mut out = Vec::new();
+        for (l, i) in self.inner.ifaces.iter().enumerate() {
+            let p = format!("p{}.{}.", l + 1, i.name);
+            let c = port.counters(l);
+            for (k, v) in [
+                ("rx_frames", c.rx_frames),
+                ("rx_delivered", c.rx_delivered),
+                ("rx_no_rule", c.rx_no_rule),
+                ("rx_no_recv", c.rx_no_recv),
+                ("tx_frames", c.tx_frames),
+                ("tx_kicks", c.tx_kicks),
+            ] {
+                out.push((format!("{p}{k}"), v));
+            }
+            if let Ok(s) = port.statistics(l) {
+                for (k, v) in [
+                    ("kernel_rx_dropped", s.rx_dropped),
+                    ("kernel_rx_ring_full", s.rx_ring_full),
+                    ("kernel_rx_fill_ring_empty", s.rx_fill_ring_empty_descs),
+                    ("kernel_rx_invalid_descs", s.rx_invalid_descs),
+                    ("kernel_tx_invalid_descs", s.tx_invalid_descs),
+                    ("kernel_tx_ring_empty", s.tx_ring_empty_descs),
+                ] {
+                    out.push((format!("{p}{k}"), v));
+                }
+            }
+        }
+        out
+    }
 }
 
 /// Memory registrable on an `xdp` device (hugepage-backed when huge pages are free).
