@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # ThreadSanitizer over the dataplane crate's concurrency tests (issue 15): the shm rings
 # (MPMC and head-tracked, the bounded-SRQ case), the buffer pool and its caches, the event
-# and CQ rings, run by the crate's unit tests on several threads. Needs the nightly toolchain
+# and CQ rings, run by the crate's unit tests on several threads; with `--test conformance`
+# also every verbs case on shm (senders and pollers on several threads, SRQs shared by QPs
+# of two senders, channels woken from another thread). CI runs `--lib --test conformance`. Needs the nightly toolchain
 # with rust-src (std is rebuilt with TSan: -Zbuild-std); installs rust-src if missing and
 # fails loudly if it cannot. Any race report fails the run (halt_on_error).
 #   tools/tsan.sh [extra cargo test args, e.g. --test conformance]
