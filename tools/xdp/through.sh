@@ -89,7 +89,8 @@ if [ "$MODE" = l3router ]; then
 fi
 echo "+ iperf3 TCP $A -> $B through the pipeline (3 s)"
 ip netns exec $P-b iperf3 -s -1 -D -B $B >/dev/null
-sleep 0.3
+# The daemon forks: wait until it listens rather than guessing how long that takes.
+for _ in $(seq 50); do ip netns exec $P-b ss -ltn | grep -q ":5201 " && break; sleep 0.1; done
 timeout 20 ip netns exec $P-a iperf3 -c $B -t 3 -f m --connect-timeout 3000 | tail -4 || fail "iperf3"
 kill -INT "$DP_PID"
 wait "$DP_PID" || fail "the pipeline's exit status"
