@@ -423,17 +423,19 @@ impl<'a> Validator<'a> {
                 foreign.push((i.span.clone(), "interfaces", ProviderKind::Xdp));
             }
         }
+        if kind != ProviderKind::Rdma {
+            if let Some(d) = &p.device {
+                foreign.push((d.span.clone(), "device", ProviderKind::Rdma));
+            }
+            if p.port.is_explicit() {
+                foreign.push((p.port.span.clone(), "port", ProviderKind::Rdma));
+            }
+            if p.gid_index.is_explicit() {
+                foreign.push((p.gid_index.span.clone(), "gid_index", ProviderKind::Rdma));
+            }
+        }
         match kind {
             ProviderKind::Xdp => {
-                if let Some(d) = &p.device {
-                    foreign.push((d.span.clone(), "device", ProviderKind::Rdma));
-                }
-                if p.port.is_explicit() {
-                    foreign.push((p.port.span.clone(), "port", ProviderKind::Rdma));
-                }
-                if p.gid_index.is_explicit() {
-                    foreign.push((p.gid_index.span.clone(), "gid_index", ProviderKind::Rdma));
-                }
                 if p.fabric_size.is_explicit() {
                     foreign.push((p.fabric_size.span.clone(), "fabric_size", ProviderKind::Shm));
                 }
@@ -465,15 +467,6 @@ impl<'a> Validator<'a> {
                 }
             }
             ProviderKind::Shm => {
-                if let Some(d) = &p.device {
-                    foreign.push((d.span.clone(), "device", ProviderKind::Rdma));
-                }
-                if p.port.is_explicit() {
-                    foreign.push((p.port.span.clone(), "port", ProviderKind::Rdma));
-                }
-                if p.gid_index.is_explicit() {
-                    foreign.push((p.gid_index.span.clone(), "gid_index", ProviderKind::Rdma));
-                }
                 let fabric = p.fabric.clone();
                 self.check_name("fabric", "provider.fabric".into(), &fabric);
                 if p.fabric_size.bytes() < ByteSize::mib(1).bytes() {

@@ -433,20 +433,6 @@ mod xdp {
         let mut scq = ctx.create_cq(64).unwrap();
         let mut rcq = ctx.create_cq(64).unwrap();
         let mut srq = pd.create_srq(&SrqAttr { max_wr: 8, max_sge: 1, srq_limit: 0 }).unwrap();
-        let mk = |port: u8| {
-            let attr = QpInitAttr::<dataplane::xdp::Xdp> {
-                send_cq: &scq,
-                recv_cq: &rcq,
-                srq: Some(&srq),
-                cap: QpCaps { max_recv_wr: 0, ..Default::default() },
-                qp_type: QpType::RawPacket,
-                sq_sig_all: true,
-            };
-            let mut q = pd.create_qp(&attr).unwrap();
-            q.ready(&ConnectOpts { port_num: port, ..Default::default() }).unwrap();
-            q
-        };
-        let (mut q1, mut q2) = (mk(1), mk(2));
         let attr = QpInitAttr::<dataplane::xdp::Xdp> {
             send_cq: &scq,
             recv_cq: &rcq,
@@ -455,6 +441,12 @@ mod xdp {
             qp_type: QpType::RawPacket,
             sq_sig_all: true,
         };
+        let mk = |port: u8| {
+            let mut q = pd.create_qp(&attr).unwrap();
+            q.ready(&ConnectOpts { port_num: port, ..Default::default() }).unwrap();
+            q
+        };
+        let (mut q1, mut q2) = (mk(1), mk(2));
         let mut q3 = pd.create_qp(&attr).unwrap();
         let e = q3.modify(&QpAttr { state: QpState::Init, port_num: 3, ..Default::default() }).unwrap_err();
         assert_eq!(e.errno, Errno::EINVAL, "{e}");
