@@ -212,11 +212,14 @@ where
     // Run.
     // Without sources (the listening side of a remote pair), only a duration, Ctrl-C or the
     // remote peer leaving ends the run.
-    // A source of a registered kind has no known limit: only a duration or Ctrl-C ends it.
+    // A source of a registered kind may say it is done (a replayed file at its end): when
+    // every source has, the run ends as a limited one does.
     let mut sources =
         cfg.stages.iter().filter(|s| registry.get(s.kind.as_str()).is_some_and(|k| !k.shape.input)).peekable();
+    let n_sources = sources.clone().count();
     let all_limited = sources.peek().is_some()
         && sources.all(|s| *s.kind == StageKind::Source && (*s.count != 0 || !s.duration.is_zero()));
+    let all_done = || n_sources > 0 && ctl.sources_done.load(Ordering::Acquire) >= n_sources;
     let total = |stats: &[WorkerStats]| -> (u64, u64) {
         stats.iter().fold((0, 0), |(t, r), s| (t + s.tx_msgs.get(), r + s.rx_msgs.get()))
     };
@@ -250,7 +253,7 @@ where
         if now != last {
             last = now;
             quiet_since = Instant::now();
-        } else if all_limited && now.0 > 0 && quiet_since.elapsed() > Duration::from_millis(300) {
+        } else if (all_limited || all_done()) && now.0 > 0 && quiet_since.elapsed() > Duration::from_millis(300) {
             break;
         }
     }

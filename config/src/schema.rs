@@ -475,9 +475,9 @@ pub enum Transport {
     Rc,
     /// Unreliable datagram: messages up to the path MTU, any peer.
     Ud,
-    /// Whole Ethernet frames on an interface (provider `xdp`): no peer; every frame that
-    /// arrives on the QP's port is received (one catch-all steering rule), and what a stage
-    /// sends on it goes out as a frame.
+    /// Whole Ethernet frames on an interface (provider `xdp`) or on the shm fabric's software
+    /// switch: no peer; every frame that arrives on the QP's port is received (one catch-all
+    /// steering rule), and what a stage sends on it goes out as a frame.
     #[serde(rename = "raw_packet")]
     RawPacket,
 }
@@ -518,7 +518,8 @@ pub struct QpConfig {
     pub name: Located<String>,
     /// Owning worker: the only thread that posts to and polls this QP. Required.
     pub worker: Located<String>,
-    /// `"rc"`, `"ud"` or `"raw_packet"` (provider `xdp` only). Default: `"rc"`.
+    /// `"rc"`, `"ud"` or `"raw_packet"` (providers `xdp`, which has no other, and `shm`, whose
+    /// software switch carries frames between the fabric's raw QPs). Default: `"rc"`.
     #[serde(default = "d::transport")]
     pub transport: Located<Transport>,
     /// Send queue entries. At least `doorbell_batch` and twice the signal interval.

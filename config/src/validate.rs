@@ -976,18 +976,20 @@ impl<'a> Validator<'a> {
         }
     }
 
-    /// `raw_packet`: with provider xdp only (and xdp has no other transport); no peer or
-    /// listen; `port` only on raw_packet QPs, within `provider.interfaces`.
+    /// `raw_packet`: with provider xdp (which has no other transport) or shm (the fabric's
+    /// software switch); no peer or listen; `port` only on raw_packet QPs of xdp, within
+    /// `provider.interfaces`.
     fn raw_packet(&mut self, j: usize) {
         let cfg = self.cfg;
         let q = &cfg.qps[j];
-        let xdp = *cfg.provider.kind == ProviderKind::Xdp;
+        let kind = *cfg.provider.kind;
+        let xdp = kind == ProviderKind::Xdp;
         let raw = *q.transport == Transport::RawPacket;
-        if raw != xdp {
+        if (raw && kind == ProviderKind::Rdma) || (xdp && !raw) {
             let (msg, help) = if raw {
                 (
-                    format!("qp `{}` is raw_packet, which only the xdp provider has", q.name),
-                    "set [provider] kind = \"xdp\" with its interfaces, or use rc or ud",
+                    format!("qp `{}` is raw_packet, which the rdma provider does not run in pipelines", q.name),
+                    "use the xdp provider (Linux interfaces) or shm (a software switch), or rc or ud",
                 )
             } else {
                 (
@@ -1018,6 +1020,11 @@ impl<'a> Validator<'a> {
             let n = cfg.provider.interfaces.as_ref().map_or(0, |i| i.len());
             let msg = if !raw {
                 Some(format!("`port` applies only to raw_packet qps; `{}` is {}", q.name, q.transport.as_str()))
+            } else if !xdp {
+                Some(format!(
+                    "`port` picks an interface of the xdp provider; the {} provider has one switch",
+                    kind.as_str()
+                ))
             } else if **port == 0 || usize::from(**port) > n {
                 Some(format!("port {} does not exist: the xdp device has ports 1..={n} (provider.interfaces)", **port))
             } else {

@@ -46,11 +46,15 @@ fn xdp_has_raw_packet_qps_only() {
 }
 
 #[test]
-fn raw_packet_needs_the_xdp_provider() {
-    let text = l2fwd("kind = \"shm\"", "transport = \"raw_packet\"\n");
-    let errs = errors(&text);
+fn raw_packet_runs_on_xdp_and_on_the_shm_switch_not_in_rdma_pipelines() {
+    let shm = l2fwd("kind = \"shm\"", "transport = \"raw_packet\"\n");
+    assert!(errors(&shm).is_empty(), "{:?}", errors(&shm));
+    let e = one_error(&l2fwd("kind = \"shm\"", "transport = \"raw_packet\"\nport = 1\n"));
+    assert_eq!(e.field, "qps[1].port");
+    assert_eq!(e.message, "`port` picks an interface of the xdp provider; the shm provider has one switch");
+    let errs = errors(&l2fwd("kind = \"rdma\"", "transport = \"raw_packet\"\n"));
     assert_eq!(errs.len(), 2, "{errs:?}");
-    assert_eq!(errs[0].message, "qp `p1` is raw_packet, which only the xdp provider has");
+    assert_eq!(errs[0].message, "qp `p1` is raw_packet, which the rdma provider does not run in pipelines");
     assert_eq!(errs[0].field, "qps[0].transport");
 }
 

@@ -136,12 +136,13 @@ pub struct Source {
     start_ns: Option<u64>,
     sent: u64,
     burst: usize,
+    finished: bool,
 }
 
 impl Source {
     /// A source of `size`-byte messages (at least [`HEADER_LEN`]), at most `burst` per loop.
     pub fn new(size: usize, limits: SourceLimits, burst: usize) -> Source {
-        Source { size: size.max(HEADER_LEN), limits, start_ns: None, sent: 0, burst: burst.max(1) }
+        Source { size: size.max(HEADER_LEN), limits, start_ns: None, sent: 0, burst: burst.max(1), finished: false }
     }
 
     /// Messages generated so far.
@@ -159,6 +160,10 @@ impl Handler for Source {
         true
     }
 
+    fn done(&self) -> bool {
+        self.finished
+    }
+
     #[inline]
     fn poll(&mut self, cx: &mut StageCx<'_>) -> usize {
         if cx.stopping() {
@@ -169,6 +174,7 @@ impl Handler for Source {
         let elapsed = now - start;
         let l = self.limits;
         if (l.duration_ns != 0 && elapsed >= l.duration_ns) || (l.count != 0 && self.sent >= l.count) {
+            self.finished = true;
             return 0;
         }
         let mut n = cx.room().min(self.burst) as u64;

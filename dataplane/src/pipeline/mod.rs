@@ -188,6 +188,12 @@ impl StageCx<'_> {
         unsafe { std::slice::from_raw_parts_mut(self.pool.ptr_of(m.buf).add(m.off as usize), m.len as usize) }
     }
 
+    /// The largest message [`alloc`](Self::alloc) makes: the pool's buffer size.
+    #[inline]
+    pub fn max_len(&self) -> usize {
+        self.max_len as usize
+    }
+
     /// Number of outputs of this stage.
     pub fn outputs(&self) -> usize {
         self.outputs.len()
@@ -319,6 +325,13 @@ pub trait Handler: Send {
         false
     }
 
+    /// For sources: whether the stage will generate nothing more (a count reached, a file
+    /// replayed). Asked when [`poll`](Self::poll) made nothing; once every source of the
+    /// pipeline is done and the traffic has settled, a run without a duration ends.
+    fn done(&self) -> bool {
+        false
+    }
+
     /// Whether the handler sends messages back on the QP they arrived on
     /// ([`StageCx::reply`]); the worker then counts that QP in its back-pressure.
     fn replies(&self) -> bool {
@@ -330,6 +343,18 @@ pub trait Handler: Send {
     fn records_latency(&self) -> bool {
         false
     }
+
+    /// Called once on the worker's thread before its loop starts: where a stage opens what a
+    /// run needs and `check` must not touch (a capture file to write). An `Err` stops the
+    /// pipeline before it runs, with the message. Off the hot path; may block and allocate.
+    fn start(&mut self) -> Result<(), String> {
+        Ok(())
+    }
+
+    /// Called once on the worker's thread when its loop has ended, before
+    /// [`report`](Self::report): where a stage that buffers output (a capture file) writes
+    /// the rest out. Off the hot path; may block.
+    fn finish(&mut self) {}
 
     /// Called once at shutdown, off the hot path.
     fn report(&self) -> StageReport {

@@ -29,7 +29,7 @@ use stats::{
     CounterBlock, LatencyBuckets, QpCounters, Slot, StageShape, StageStats, StatsShape, WorkerCounters, WorkerSlots,
     WorkerStats,
 };
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// Shared run control of a pipeline's workers.
@@ -39,6 +39,10 @@ pub struct Control {
     pub stop_sources: AtomicBool,
     /// Workers leave their loops and tear down.
     pub stop: AtomicBool,
+    /// Sources that said they will generate nothing more ([`Handler::done`]), over all
+    /// workers: when it reaches the number of sources and the counters rest, a run without a
+    /// duration ends.
+    pub sources_done: AtomicUsize,
     /// SRQ numbers whose limit event fired, for the worker owning them (events of one
     /// context may be read by any of its workers). 0 = empty slot.
     srq_events: [AtomicU32; 32],
@@ -49,6 +53,7 @@ impl Default for Control {
         Control {
             stop_sources: AtomicBool::new(false),
             stop: AtomicBool::new(false),
+            sources_done: AtomicUsize::new(0),
             srq_events: std::array::from_fn(|_| AtomicU32::new(0)),
         }
     }
@@ -267,7 +272,7 @@ pub struct Worker<P: Provider> {
     pub(crate) qp_stage: Vec<Option<u16>>,
     pub(crate) stages: Vec<StageSlot>,
     /// Sources, each with the QPs its messages can reach (its back-pressure set).
-    pub(crate) sources: Vec<(u16, Vec<u16>)>,
+    pub(crate) sources: Vec<(u16, Vec<u16>, bool)>,
     /// Input QP of each stage (for handlers that reply).
     pub(crate) stage_input: Vec<Option<u16>>,
     /// Queue entries one received message can create at most (sum of stage outputs).
@@ -582,7 +587,7 @@ impl<P: Provider> Worker<P> {
             let mut out = Vec::new();
             self.reach(s, &mut vec![false; n], &mut out);
             if self.stages[s].handler.is_source() {
-                self.sources.push((s as u16, out));
+                self.sources.push((s as u16, out, false));
             }
         }
     }
@@ -610,12 +615,24 @@ impl<P: Provider> Worker<P> {
                 ));
             }
         }
+        let started = self
+            .stages
+            .iter_mut()
+            .try_for_each(|st| st.handler.start().map_err(|why| format!("stage {}: {why}", st.name)));
+        if let Err(why) = started {
+            self.ctl.stop.store(true, Ordering::Release);
+            self.teardown();
+            return Err(Error::new(Errno::EINVAL, format!("worker {}: {why}", self.params.name)));
+        }
         while !self.ctl.stop.load(Ordering::Acquire) {
             for _ in 0..64 {
                 self.step();
             }
         }
         self.teardown();
+        for st in &mut self.stages {
+            st.handler.finish();
+        }
         Ok(self.report())
     }
 

@@ -108,12 +108,17 @@ impl<P: Provider> Worker<P> {
 
         // 4. Sources.
         let env = StageEnv { pool: &self.pool, clock: &self.clock, stopping, max_len: self.max_msg };
-        for (s, qps) in &self.sources {
+        for (s, qps, done) in &mut self.sources {
             // Stages handling receives above may also have used these QPs: count what waits
             // in the queue against the room.
             let room = room_of(qps).saturating_sub(self.queue.len());
             let st = &mut self.stages[*s as usize];
-            work += env.poll(st, room, &mut self.cache, &mut self.queue);
+            let made = env.poll(st, room, &mut self.cache, &mut self.queue);
+            if made == 0 && !*done && st.handler.done() {
+                *done = true;
+                self.ctl.sources_done.fetch_add(1, Ordering::Release);
+            }
+            work += made;
         }
 
         // 5. Hand messages on until the queue is empty (stage chains run in this loop) or only
@@ -133,11 +138,11 @@ impl<P: Provider> Worker<P> {
                     b.push(m.buf, u32::from(m.off), m.len, stats, &mut self.cache);
                 }
                 Target::Stage(s) => {
+                    // Received messages were counted by their first stage in step 3; a
+                    // stage further down the chain counts what it is handed here.
                     let st = &mut self.stages[s as usize];
-                    if m.qp == u16::MAX {
-                        st.stats.msgs_in.add(1);
-                        st.stats.bytes_in.add(m.len as u64);
-                    }
+                    st.stats.msgs_in.add(1);
+                    st.stats.bytes_in.add(m.len as u64);
                     env.on_message(st, m, &mut self.cache, &mut self.queue);
                 }
             }
