@@ -289,8 +289,8 @@ impl Context<Xdp> for XdpContext {
         self.inner.port().next_event()
     }
 
-    /// Per port `p<N>.<interface>.`: `rx_frames`, `rx_delivered`, `rx_no_rule`, `rx_no_recv`,
-    /// `tx_frames`, `tx_kicks`, and the kernel's `XDP_STATISTICS` as `kernel_rx_dropped`,
+    /// Per port `p<N>.<interface>.`: `zero_copy` (1, or 0 in copy mode), `rx_frames`,
+    /// `rx_delivered`, `rx_no_rule`, `rx_no_recv`, `tx_frames`, `tx_kicks`, and the kernel's `XDP_STATISTICS` as `kernel_rx_dropped`,
     /// `kernel_rx_ring_full`, `kernel_rx_fill_ring_empty`, `kernel_rx_invalid_descs`,
     /// `kernel_tx_invalid_descs`, `kernel_tx_ring_empty`.
     fn device_counters(&self) -> Vec<(String, u64)> {
@@ -300,6 +300,8 @@ impl Context<Xdp> for XdpContext {
             let p = format!("p{}.{}.", l + 1, i.name);
             let c = port.counters(l);
             for (k, v) in [
+                // The bind mode XdpMode::Auto got: 1 zero-copy, 0 copy (veth).
+                ("zero_copy", u64::from(port.zero_copy(l))),
                 ("rx_frames", c.rx_frames),
                 ("rx_delivered", c.rx_delivered),
                 ("rx_no_rule", c.rx_no_rule),
