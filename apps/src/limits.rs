@@ -100,7 +100,7 @@ fn pool_region_bytes(buffer_size: u64, count: u64) -> u64 {
 }
 
 /// The size of the shm fabric `dataplane run` creates for `cfg`: `fabric_size` for the rings,
-/// plus each pool's memory (and a page), plus [`SHM_FABRIC_SLACK`]. The runner and
+/// plus each pool's memory (and a page), plus `SHM_FABRIC_SLACK`. The runner and
 /// [`check_shm`] must use the same figure.
 pub fn shm_fabric_bytes(cfg: &Config) -> u64 {
     let pools = cfg.memory.pools.iter().fold(0u64, |acc, p| acc.saturating_add(p.bytes()).saturating_add(4096));

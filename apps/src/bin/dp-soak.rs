@@ -49,7 +49,7 @@ struct Args {
     /// Flip one payload byte of receive-consuming message N (tests that the checker fails).
     #[arg(long)]
     corrupt_at: Option<u64>,
-    /// Fabric name (default: soak-<pid>).
+    /// Fabric name (default: soak-PID, PID being this process id).
     #[arg(long)]
     fabric: Option<String>,
     #[arg(long, hide = true)]

@@ -39,7 +39,7 @@ struct Args {
     /// Core for the peer process (-1: do not pin).
     #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
     peer_core: i64,
-    /// Fabric name (default: pingpong-<pid>).
+    /// Fabric name (default: pingpong-PID, PID being this process id).
     #[arg(long)]
     fabric: Option<String>,
     /// Huge pages for the fabric: require, prefer or never.

@@ -108,7 +108,7 @@ impl ShmCompChannel {
     /// acknowledgement.
     ///
     /// While some send queue of this process waits behind an RNR or an unready target, the
-    /// wait wakes every [`RETRY_TICK`] to retry it: on `shm` the poster's CPU is the NIC, and a
+    /// wait wakes every `RETRY_TICK` (1 ms) to retry it: on `shm` the poster's CPU is the NIC, and a
     /// process asleep on its channel would otherwise never resend (a peer that posts its
     /// receive, or brings its QP up, only after our send arrived would wait forever).
     pub fn get_cq_event(&self, timeout: Option<Duration>) -> Result<Option<u32>> {

@@ -53,7 +53,7 @@ impl Drop for SrqShared {
 /// A shared receive queue of the `shm` provider.
 ///
 /// Its ring has twice `max_wr` cells, and a post counts the requests not yet claimed by a
-/// sender against `max_wr` ([`recvq::RecvBound`]). Senders of several threads consume an
+/// sender against `max_wr` (`recvq::RecvBound`). Senders of several threads consume an
 /// SRQ at once, and one descheduled between claiming a cell and freeing it would otherwise
 /// make the ring refuse posts (ENOMEM) with fewer than `max_wr` requests outstanding, once
 /// the others had gone round it (seen: the fan-out pipeline on a loaded 2-core machine, its

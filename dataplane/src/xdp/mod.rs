@@ -1,11 +1,11 @@
 //! The `xdp` provider: RAW_PACKET QPs on real Linux interfaces through AF_XDP.
 //!
 //! One context is one queue of each of its interfaces (`XdpConfig::interfaces`, `queue`),
-//! which are its ports 1, 2, ...: opening it attaches, on each, a six-instruction XDP program ([`bpf`]) that redirects the queue's frames to an
-//! AF_XDP socket ([`socket`]) whose UMEM is hugepage-backed memory of the project, bound
+//! which are its ports 1, 2, ...: opening it attaches, on each, a six-instruction XDP program (`bpf.rs`) that redirects the queue's frames to an
+//! AF_XDP socket (`socket.rs`) whose UMEM is hugepage-backed memory of the project, bound
 //! zero-copy where the driver can and in copy mode otherwise (veth), as `XdpMode::Auto`
 //! chooses and [`XdpContext::zero_copy`] reports. Each socket is a port of a small switch
-//! ([`port`]): a RAW_PACKET QP sends through the port it was bound to at INIT, and frames
+//! (`port.rs`): a RAW_PACKET QP sends through the port it was bound to at INIT, and frames
 //! received on a port go to its QPs whose flow rules match, as on a NIC with
 //! `ibv_create_flow`.
 //!

@@ -118,7 +118,7 @@ pub struct Args {
     /// TCP port of the out-of-band exchange.
     #[arg(short = 'p', long = "port", default_value_t = DEFAULT_PORT)]
     pub tcp_port: u16,
-    /// shm: fabric both processes open (default: dp-perf-<TCP port>; --loopback: dp-perf-<pid>).
+    /// shm: fabric both processes open (default: dp-perf-PORT, PORT being the TCP port; --loopback: dp-perf-PID).
     #[arg(long)]
     pub fabric: Option<String>,
     /// Device name (rdma; default: the first device).

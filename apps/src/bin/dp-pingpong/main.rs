@@ -84,7 +84,7 @@ struct Args {
     /// Provider: `rdma` (rdma-core's devices, the default) or `shm` (the shared-memory device).
     #[arg(long, value_enum, default_value = "rdma")]
     provider: ProviderKind,
-    /// shm: the fabric both processes open (default: dp-pingpong-<TCP port>).
+    /// shm: the fabric both processes open (default: dp-pingpong-PORT, PORT being the TCP port).
     #[arg(long)]
     fabric: Option<String>,
     /// Server to connect to (none: be the server).
