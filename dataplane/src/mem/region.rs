@@ -164,13 +164,18 @@ pub fn free_hugepages(page: PageSize) -> u64 {
 /// The mount point of a hugetlbfs with `page` size, if one is mounted.
 pub fn hugetlbfs_mount(page: PageSize) -> Option<PathBuf> {
     let mounts = std::fs::read_to_string("/proc/mounts").ok()?;
-    let default_huge = default_hugepage_size();
-    for line in mounts.lines() {
+    // Most lines are other file systems: skip them before splitting (every shared region's
+    // create and open reads this file).
+    for line in mounts.lines().filter(|l| l.contains(" hugetlbfs ")) {
         let f: Vec<&str> = line.split_whitespace().collect();
         if f.len() < 4 || f[2] != "hugetlbfs" {
             continue;
         }
-        let size = f[3].split(',').find_map(|o| o.strip_prefix("pagesize=")).map(parse_size).unwrap_or(default_huge);
+        let size = f[3]
+            .split(',')
+            .find_map(|o| o.strip_prefix("pagesize="))
+            .map(parse_size)
+            .unwrap_or_else(default_hugepage_size);
         if size == Some(page.bytes()) {
             return Some(PathBuf::from(f[1]));
         }
@@ -188,7 +193,13 @@ fn parse_size(s: &str) -> Option<usize> {
     num.parse::<usize>().ok().map(|n| n * mul)
 }
 
+/// The kernel's default huge page size (fixed at boot).
 fn default_hugepage_size() -> Option<usize> {
+    static SIZE: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *SIZE.get_or_init(read_default_hugepage_size)
+}
+
+fn read_default_hugepage_size() -> Option<usize> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = info.lines().find(|l| l.starts_with("Hugepagesize:"))?;
     let kb: usize = line.split_whitespace().nth(1)?.parse().ok()?;
