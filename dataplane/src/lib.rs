@@ -13,6 +13,7 @@
 //! over the provider) and `dataplane.rs` (the pipeline runner over [`worker`] and
 //! [`pipeline`]); docs/ describes each provider and the runtime.
 
+#![warn(clippy::undocumented_unsafe_blocks)]
 #![warn(missing_docs)]
 
 pub mod conn;

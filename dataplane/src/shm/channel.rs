@@ -8,6 +8,7 @@
 use super::fabric::Fabric;
 use super::layout::EVENT_STRIDE;
 use super::ring::{Pop, Ring, RING_HEADER_LEN};
+use super::wire::EventRecord;
 use super::CtxInner;
 use crate::verbs::{Errno, Error, Result};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -45,10 +46,7 @@ impl<'a> ChannelView<'a> {
 
     /// Queues an event for CQ `cqn` and wakes every waiter.
     pub(crate) fn signal(&self, cqn: u32) {
-        self.ring.push(|p| {
-            // SAFETY: event cells have 8 payload bytes.
-            unsafe { (p as *mut u32).write_unaligned(cqn) }
-        });
+        self.ring.push(|mut c| c.put(0, &EventRecord { kind: cqn, element: 0 }));
         self.word.fetch_add(1, Ordering::Release);
         // SAFETY: FUTEX_WAKE on a 4-byte aligned word of a shared mapping; no pointer is
         // dereferenced by the kernel beyond the word.
@@ -57,8 +55,7 @@ impl<'a> ChannelView<'a> {
 
     fn pop(&self) -> Option<u32> {
         let mut cqn = 0;
-        // SAFETY: event cells have 8 payload bytes.
-        match self.ring.pop(|p| cqn = unsafe { (p as *const u32).read_unaligned() }) {
+        match self.ring.pop(|c| cqn = c.get::<EventRecord>(0).kind) {
             Pop::Item => Some(cqn),
             // A corrupt ring: no event (a waiter wakes on the timeout it chose).
             Pop::Empty | Pop::Stalled => None,

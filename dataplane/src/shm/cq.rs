@@ -3,9 +3,10 @@
 
 use super::fabric::Fabric;
 use super::layout::*;
-use super::ring::{Pop, Ring};
+use super::ring::Ring;
+use super::wire::CqRing;
 use super::CtxInner;
-use crate::verbs::{Errno, Error, Result, WcFlags, WcOpcode, WcStatus, WorkCompletion};
+use crate::verbs::{Errno, Error, Result, WcStatus, WorkCompletion};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -20,68 +21,12 @@ pub(crate) struct Cqe {
     pub solicited: bool,
 }
 
-const _: () = assert!(CQE_STRIDE - 8 >= 48);
-
-impl Cqe {
-    #[inline]
-    fn write(&self, p: *mut u8) {
-        let w = &self.wc;
-        // SAFETY: `p` is a CQ cell payload of 56 bytes (CQE_STRIDE - 8); all writes are inside.
-        unsafe {
-            (p as *mut u64).write_unaligned(w.wr_id);
-            (p.add(8) as *mut u32).write_unaligned(w.byte_len);
-            (p.add(12) as *mut u32).write_unaligned(w.imm_data);
-            (p.add(16) as *mut u32).write_unaligned(w.qp_num);
-            (p.add(20) as *mut u32).write_unaligned(w.src_qp);
-            (p.add(24) as *mut u32).write_unaligned(self.retire.unwrap_or(0));
-            (p.add(28) as *mut u32).write_unaligned(w.wc_flags.bits());
-            (p.add(32) as *mut u16).write_unaligned(w.slid);
-            p.add(34).write(w.status as u8);
-            p.add(35).write(w.opcode as u8);
-            p.add(36).write(w.sl);
-            p.add(37).write(w.dlid_path_bits);
-            (p.add(38) as *mut u16).write_unaligned(w.pkey_index);
-            (p.add(40) as *mut u32).write_unaligned(w.vendor_err);
-            p.add(44).write(self.retire.is_some() as u8);
-        }
-    }
-
-    /// Decodes the CQE in cell payload `p` straight into the caller's `wc` (no intermediate
-    /// copy: `poll` writes into the array the application passed) and returns the send WQE
-    /// it retires, if any.
-    #[inline(always)]
-    fn read_into(p: *const u8, wc: &mut WorkCompletion) -> Option<u32> {
-        // SAFETY: `p` is a CQ cell payload of 56 bytes; every read is inside. Values come from
-        // a possibly hostile peer and are decoded defensively (unknown status = GeneralErr).
-        unsafe {
-            let status = WcStatus::from_u8(p.add(34).read());
-            let opcode = WcOpcode::from_u8(p.add(35).read());
-            *wc = WorkCompletion {
-                wr_id: (p as *const u64).read_unaligned(),
-                byte_len: (p.add(8) as *const u32).read_unaligned(),
-                imm_data: (p.add(12) as *const u32).read_unaligned(),
-                qp_num: (p.add(16) as *const u32).read_unaligned(),
-                src_qp: (p.add(20) as *const u32).read_unaligned(),
-                wc_flags: WcFlags::from_bits_truncate((p.add(28) as *const u32).read_unaligned()),
-                slid: (p.add(32) as *const u16).read_unaligned(),
-                status: if opcode.is_none() { WcStatus::GeneralErr } else { status },
-                opcode: opcode.unwrap_or_default(),
-                sl: p.add(36).read(),
-                dlid_path_bits: p.add(37).read(),
-                pkey_index: (p.add(38) as *const u16).read_unaligned(),
-                vendor_err: (p.add(40) as *const u32).read_unaligned(),
-            };
-            (p.add(44).read() != 0).then(|| (p.add(24) as *const u32).read_unaligned())
-        }
-    }
-}
-
 /// The part of a CQ that producers (QPs) hold.
 pub(crate) struct CqShared {
     pub(crate) ctx: Arc<CtxInner>,
     pub(crate) idx: usize,
     pub(crate) cqn: u32,
-    pub(crate) ring: Ring,
+    pub(crate) ring: CqRing,
     ring_off: u64,
     ring_len: u64,
     /// Whether the CQ has a completion channel (see [`has_channel`]).
@@ -121,7 +66,7 @@ impl Drop for CqShared {
 /// ([`Ring::push_tracked`]): a QP keeps one per CQ it completes into; a one-off producer
 /// (flush, tag-matching ops) passes a fresh 0, which costs one read of the head.
 #[inline]
-pub(crate) fn push_cqe(f: &Fabric, ring: &Ring, head_seen: &mut u64, cqn: u32, cqe: &Cqe) {
+pub(crate) fn push_cqe(f: &Fabric, ring: &CqRing, head_seen: &mut u64, cqn: u32, cqe: &Cqe) {
     push_cqe_to(f, ring, head_seen, cqn, has_channel(f, cqn), cqe);
 }
 
@@ -134,9 +79,9 @@ pub(crate) fn has_channel(f: &Fabric, cqn: u32) -> bool {
 }
 
 /// [`push_cqe`] with the CQ's [`has_channel`] known to the caller.
-#[inline]
-pub(crate) fn push_cqe_to(f: &Fabric, ring: &Ring, head_seen: &mut u64, cqn: u32, channel: bool, cqe: &Cqe) {
-    if ring.push_tracked(head_seen, |p| cqe.write(p)) {
+#[inline(always)]
+pub(crate) fn push_cqe_to(f: &Fabric, ring: &CqRing, head_seen: &mut u64, cqn: u32, channel: bool, cqe: &Cqe) {
+    if ring.push(head_seen, &cqe.wc, cqe.retire) {
         // Only a CQ with a completion channel can signal: busy-polled CQs (no channel) skip
         // the fence in `signal_if_armed`.
         if channel {
@@ -192,7 +137,7 @@ fn notify(f: &Fabric, s: &CqSlot, cqn: u32) {
 }
 
 /// Resolves CQ `cqn` to a ring view (for pushing completions of a remote QP).
-pub(crate) fn cq_ring(f: &Fabric, cqn: u32) -> Option<Ring> {
+pub(crate) fn cq_ring(f: &Fabric, cqn: u32) -> Option<CqRing> {
     let idx = key_index(cqn, CQ_IDX_BITS);
     if idx >= MAX_CQ {
         return None;
@@ -202,7 +147,7 @@ pub(crate) fn cq_ring(f: &Fabric, cqn: u32) -> Option<Ring> {
         return None;
     }
     let (off, cap) = (s.ring_off.load(Ordering::Relaxed), s.cap.load(Ordering::Relaxed));
-    let r = f.ring(off, cap as usize, CQE_STRIDE).ok()?;
+    let r = CqRing::new(f.ring(off, cap as usize, CQE_STRIDE).ok()?)?;
     (s.cqn.load(Ordering::Acquire) == cqn).then_some(r)
 }
 
@@ -229,7 +174,11 @@ impl ShmCq {
         let cap = cqe.next_power_of_two() as usize;
         let ring_len = Ring::bytes(cap, CQE_STRIDE) as u64;
         let ring_off = f.alloc(ring_len)?;
-        let ring = match f.init_ring(ring_off, cap, CQE_STRIDE) {
+        // (`CqRing::new` accepts every CQE_STRIDE ring: asserted in wire.rs.)
+        let made = f.init_ring(ring_off, cap, CQE_STRIDE).and_then(|r| {
+            CqRing::new(r).ok_or_else(|| Error::new(Errno::EINVAL, "CQE_STRIDE cells cannot hold a CQE"))
+        });
+        let ring = match made {
             Ok(r) => r,
             Err(e) => {
                 f.free(ring_off, ring_len);
@@ -285,7 +234,7 @@ impl ShmCq {
 
     /// Completions waiting to be polled.
     pub fn len(&self) -> usize {
-        self.shared.ring.len() as usize
+        self.shared.ring.ring().len() as usize
     }
 
     /// Whether no completion is waiting.
@@ -302,17 +251,11 @@ impl crate::provider::Cq for ShmCq {
         let f = sh.fabric();
         let mut n = 0;
         while let Some(out) = wc.get_mut(n) {
-            let mut retire = None;
-            match sh.ring.pop_single_tracked(|p| retire = Cqe::read_into(p, out)) {
-                // (`pop_single_tracked` never stalls: it does not loop.)
-                Pop::Empty | Pop::Stalled => break,
-                Pop::Item => {
-                    if let Some(i) = retire {
-                        super::qp::retire(f, out.qp_num, i);
-                    }
-                    n += 1;
-                }
+            let Some(retire) = sh.ring.pop(out) else { break };
+            if let Some(i) = retire {
+                super::qp::retire(f, out.qp_num, i);
             }
+            n += 1;
         }
         if n == 0 && f.cq_slot(sh.idx).overrun.load(Ordering::Relaxed) != 0 {
             return Err(Error::new(
@@ -324,7 +267,7 @@ impl crate::provider::Cq for ShmCq {
     }
 
     fn depth(&self) -> u32 {
-        self.shared.ring.capacity() as u32
+        self.shared.ring.ring().capacity() as u32
     }
 
     fn req_notify(&mut self, solicited_only: bool) -> Result<()> {

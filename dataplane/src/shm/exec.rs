@@ -12,12 +12,12 @@
 //! is checked against the MR table and the fabric bounds before a byte moves.
 
 use super::cq::{has_channel, push_cqe_to, Cqe};
+use super::wire::{CqRing, RecvRing};
 use super::fabric::{atomic_u64_at, pid_alive, Fabric};
 use super::layout::*;
 use super::mr::mr_lookup;
 use super::qp::{resolve_local, to_error, SqState, SHM_MTU};
 use super::recvq::{self, recv_sge_len, RecvEntry, MAX_SGE};
-use super::ring::Ring;
 use super::srq::{srq_view, SrqView};
 use crate::net::frame::FrameKey;
 use crate::net::tso::TsoPlan;
@@ -64,9 +64,9 @@ pub(crate) struct DestView {
     pd: u32,
     lid: u16,
     pid: u32,
-    rq: Option<Ring>,
+    rq: Option<RecvRing>,
     srq: Option<SrqView>,
-    cq: Ring,
+    cq: CqRing,
     cqn: u32,
     /// Whether the receive CQ has a completion channel (`cq::has_channel`).
     cq_channel: bool,
@@ -139,9 +139,7 @@ fn resolve_dest(f: &Fabric, qpn: u32) -> Option<DestView> {
         (None, Some(srq_view(f, srqn)?))
     } else {
         let sge = s.rq_sge.load(Ordering::Relaxed).min(MAX_SGE as u32);
-        let ring = f
-            .ring(s.rq_off.load(Ordering::Relaxed), s.rq_cap.load(Ordering::Relaxed) as usize, recv_stride(sge))
-            .ok()?;
+        let ring = f.recv_ring(s.rq_off.load(Ordering::Relaxed), s.rq_cap.load(Ordering::Relaxed) as usize, sge).ok()?;
         (Some(ring), None)
     };
     // A tag-matching SRQ's receives complete on the SRQ's CQ.
@@ -348,7 +346,7 @@ fn no_receive(f: &Fabric, d: &DestView, reliable: bool) -> Outcome {
         (Some(srq), _) => Some(&srq.ring),
         (None, rq) => rq.as_ref(),
     };
-    if ring.is_some_and(Ring::stalled) {
+    if ring.is_some_and(|r| r.stalled()) {
         return Outcome::Done(responder_failed(f, d, reliable, WcStatus::RemOpErr), 0);
     }
     if reliable {

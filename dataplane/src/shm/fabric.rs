@@ -10,6 +10,7 @@
 
 use super::layout::*;
 use super::ring::Ring;
+use super::wire::{EventRecord, RecvRing};
 use crate::mem::{HugePolicy, Region};
 use crate::verbs::{Errno, Error, Result};
 use std::collections::HashMap;
@@ -491,6 +492,17 @@ impl Fabric {
         Ok(unsafe { Ring::attach(p, cap, stride) })
     }
 
+    /// [`Fabric::init_ring`] for a receive queue or SRQ whose requests have up to `max_sge`
+    /// SGEs.
+    pub(crate) fn init_recv_ring(&self, off: u64, cap: usize, max_sge: u32) -> Result<RecvRing> {
+        RecvRing::new(self.init_ring(off, cap, recv_stride(max_sge))?).ok_or_else(corrupt_recv_ring)
+    }
+
+    /// [`Fabric::ring`] for a receive queue or SRQ whose requests have up to `max_sge` SGEs.
+    pub(crate) fn recv_ring(&self, off: u64, cap: usize, max_sge: u32) -> Result<RecvRing> {
+        RecvRing::new(self.ring(off, cap, recv_stride(max_sge))?).ok_or_else(corrupt_recv_ring)
+    }
+
     fn ring_ptr(&self, off: u64, cap: usize, stride: usize) -> Result<*mut u8> {
         if !cap.is_power_of_two() || stride < 8 || stride % 8 != 0 || off % 128 != 0 {
             return Err(Error::new(Errno::EFAULT, "corrupt ring geometry in the fabric"));
@@ -548,13 +560,7 @@ impl Fabric {
     /// event queue overrun).
     pub(crate) fn post_event(&self, idx: usize, kind: u32, element: u32) {
         if let Some(r) = self.event_ring(idx) {
-            r.push(|p| {
-                // SAFETY: event cells have 8 payload bytes.
-                unsafe {
-                    (p as *mut u32).write_unaligned(kind);
-                    (p.add(4) as *mut u32).write_unaligned(element);
-                }
-            });
+            r.push(|mut c| c.put(0, &EventRecord { kind, element }));
         }
     }
 
@@ -649,6 +655,11 @@ pub(crate) fn atomic_u64_at(f: &Fabric, off: u64) -> Option<&AtomicU64> {
     // SAFETY: 8 bytes inside the arena (checked by `ptr`), 8-byte aligned (checked above);
     // every concurrent access to remote-atomic targets goes through atomics.
     f.ptr(off, 8).map(|p| unsafe { &*(p as *const AtomicU64) })
+}
+
+/// `recv_stride` always leaves room for one SGE, so only a bug gets here.
+fn corrupt_recv_ring() -> Error {
+    Error::new(Errno::EFAULT, "receive ring cells too small for a request")
 }
 
 #[cfg(test)]

@@ -26,6 +26,7 @@ mod ring;
 pub mod sizing;
 mod srq;
 mod tm;
+mod wire;
 mod xrc;
 
 pub use channel::ShmCompChannel;
@@ -227,14 +228,9 @@ impl crate::Context<Shm> for ShmContext {
 
     fn poll_async_event(&self) -> Option<AsyncEvent> {
         let ring = self.inner.fabric.event_ring(self.inner.idx)?;
-        let (mut kind, mut element) = (0u32, 0u32);
-        let got = ring.pop(|p| {
-            // SAFETY: event cells have 8 payload bytes.
-            unsafe {
-                kind = (p as *const u32).read_unaligned();
-                element = (p.add(4) as *const u32).read_unaligned();
-            }
-        });
+        let mut ev = wire::EventRecord::default();
+        let got = ring.pop(|c| ev = c.get(0));
+        let (kind, element) = (ev.kind, ev.element);
         if !matches!(got, ring::Pop::Item) {
             return None;
         }

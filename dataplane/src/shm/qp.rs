@@ -12,6 +12,7 @@ use super::layout::*;
 use super::mr::{mr_lookup, PdInner};
 use super::recvq::{self, RecvEntry, MAX_SGE};
 use super::ring::Ring;
+use super::wire::RecvRing;
 use super::srq::SrqShared;
 use super::CtxInner;
 use crate::verbs::*;
@@ -26,7 +27,7 @@ pub(crate) const SHM_MTU: u32 = 4096;
 /// A queue pair of the `shm` provider.
 pub struct ShmQp {
     pub(crate) sq: Arc<SqCell>,
-    rq: Option<(Ring, u64, u64)>,
+    rq: Option<(RecvRing, u64, u64)>,
     /// How `post_recv` bounds the RQ: by its cells (RC/UC), or, on UD and RAW_PACKET RQs
     /// (twice `max_recv_wr` cells), by the requests not yet claimed (as SRQs; see `ShmSrq`).
     rq_bound: recvq::RecvBound,
@@ -338,7 +339,7 @@ pub(crate) fn to_error(f: &Fabric, idx: usize, qpn: u32) {
 fn flush_rq(f: &Fabric, s: &QpSlot, qpn: u32) {
     let cap = s.rq_cap.load(Ordering::Relaxed) as usize;
     let sge = s.rq_sge.load(Ordering::Relaxed).min(MAX_SGE as u32);
-    let Ok(rq) = f.ring(s.rq_off.load(Ordering::Relaxed), cap, recv_stride(sge)) else { return };
+    let Ok(rq) = f.recv_ring(s.rq_off.load(Ordering::Relaxed), cap, sge) else { return };
     let Some(cq) = cq_ring(f, s.recv_cqn.load(Ordering::Relaxed)) else { return };
     let cqn = s.recv_cqn.load(Ordering::Relaxed);
     let mut e = RecvEntry::default();
@@ -442,7 +443,7 @@ impl ShmQp {
                 let stride = recv_stride(rq_sge);
                 let len = Ring::bytes(cap, stride) as u64;
                 let off = f.alloc(len)?;
-                match f.init_ring(off, cap, stride) {
+                match f.init_recv_ring(off, cap, rq_sge) {
                     Ok(r) => Some((r, off, len)),
                     Err(e) => {
                         f.free(off, len);
@@ -451,7 +452,7 @@ impl ShmQp {
                 }
             }
         };
-        let free_rq = |rq: &Option<(Ring, u64, u64)>| {
+        let free_rq = |rq: &Option<(RecvRing, u64, u64)>| {
             if let Some((_, off, len)) = rq {
                 f.free(*off, *len);
             }

@@ -1,13 +1,12 @@
 //! Receive requests: validation at post time, and their encoding in RQ/SRQ ring cells.
 
 use super::fabric::Fabric;
-use super::layout::{RECV_HDR_LEN, RECV_SGE_LEN};
 use super::mr::{mr_lookup, MrView};
-use super::ring::{Pop, Ring};
+use super::ring::Pop;
+use super::wire::RecvRing;
 use crate::verbs::{AccessFlags, Errno, PostError, RecvChain, Sge};
 
-/// Most SGEs per request the `shm` provider supports.
-pub(crate) const MAX_SGE: usize = 16;
+pub(crate) use super::wire::{RecvEntry, MAX_SGE};
 
 /// Receive SGE length 0 means 2^31 bytes (ibv_post_srq_recv notes).
 #[inline]
@@ -16,20 +15,6 @@ pub(crate) fn recv_sge_len(sge: &Sge) -> u64 {
         1 << 31
     } else {
         sge.length as u64
-    }
-}
-
-/// A receive request taken off a ring.
-#[derive(Clone, Copy)]
-pub(crate) struct RecvEntry {
-    pub wr_id: u64,
-    pub n: usize,
-    pub sges: [Sge; MAX_SGE],
-}
-
-impl Default for RecvEntry {
-    fn default() -> Self {
-        RecvEntry { wr_id: 0, n: 0, sges: [Sge::default(); MAX_SGE] }
     }
 }
 
@@ -127,7 +112,7 @@ impl RecvBound {
 /// push that writes one SGE without the loops.
 pub(crate) fn post(
     f: &Fabric,
-    ring: &Ring,
+    ring: &RecvRing,
     bound: &mut RecvBound,
     pd: u32,
     max_sge: u32,
@@ -151,71 +136,27 @@ pub(crate) fn post(
 
 /// [`push`] for a request of one SGE.
 #[inline(always)]
-fn push_one(ring: &Ring, bound: &mut RecvBound, wr_id: u64, s: &Sge) -> bool {
-    debug_assert!(RECV_HDR_LEN + RECV_SGE_LEN <= ring.payload_len());
-    ring.push_single_bounded(bound.limit, &mut bound.head_seen, |p| {
-        // SAFETY: the cell payload holds the header and max_sge >= 1 SGEs (checked by the
-        // caller).
-        unsafe {
-            (p as *mut u64).write_unaligned(wr_id);
-            (p.add(8) as *mut u32).write_unaligned(1);
-            let q = p.add(RECV_HDR_LEN);
-            (q as *mut u64).write_unaligned(s.addr);
-            (q.add(8) as *mut u32).write_unaligned(s.length);
-            (q.add(12) as *mut u32).write_unaligned(s.lkey);
-        }
-    })
+fn push_one(ring: &RecvRing, bound: &mut RecvBound, wr_id: u64, s: &Sge) -> bool {
+    ring.push_one(bound.limit, &mut bound.head_seen, wr_id, s)
 }
 
 /// Pushes one request (already validated). False if the ring is full.
 ///
 /// An RQ or SRQ ring has exactly one producer: the process-local handle that owns it, whose
 /// `post_recv` takes `&mut self`. Senders, flushes and drains in any process only consume.
-/// So the push claims its position with a plain store ([`Ring::push_single`]), not a CAS.
+/// So the push claims its position with a plain store (`Ring::push_single`), not a CAS.
 #[inline]
-pub(crate) fn push(ring: &Ring, bound: &mut RecvBound, wr_id: u64, sges: &[Sge]) -> bool {
-    debug_assert!(RECV_HDR_LEN + sges.len() * RECV_SGE_LEN <= ring.payload_len());
-    ring.push_single_bounded(bound.limit, &mut bound.head_seen, |p| {
-        // SAFETY: the cell payload holds the header and max_sge SGEs; `sges.len()` was checked
-        // against max_sge by `validate`.
-        unsafe {
-            (p as *mut u64).write_unaligned(wr_id);
-            (p.add(8) as *mut u32).write_unaligned(sges.len() as u32);
-            for (k, s) in sges.iter().enumerate() {
-                let q = p.add(RECV_HDR_LEN + k * RECV_SGE_LEN);
-                (q as *mut u64).write_unaligned(s.addr);
-                (q.add(8) as *mut u32).write_unaligned(s.length);
-                (q.add(12) as *mut u32).write_unaligned(s.lkey);
-            }
-        }
-    })
+pub(crate) fn push(ring: &RecvRing, bound: &mut RecvBound, wr_id: u64, sges: &[Sge]) -> bool {
+    ring.push(bound.limit, &mut bound.head_seen, wr_id, sges)
 }
 
 /// Takes the oldest request. The SGE count read from shared memory is clamped to what the
 /// cell can hold, so a corrupt cell cannot make us read past it. A stalled ring
 /// ([`Pop::Stalled`], corrupt) reads as empty here; a sender tells the two apart on its cold
-/// path ([`Ring::stalled`]).
+/// path (`Ring::stalled`).
 #[inline]
-pub(crate) fn pop(ring: &Ring, out: &mut RecvEntry) -> bool {
-    let cap = ((ring.payload_len() - RECV_HDR_LEN) / RECV_SGE_LEN).min(MAX_SGE);
-    let got = matches!(
-        ring.pop(|p| {
-            // SAFETY: reads stay inside the cell payload: header plus `cap` SGEs.
-            unsafe {
-                out.wr_id = (p as *const u64).read_unaligned();
-                out.n = ((p.add(8) as *const u32).read_unaligned() as usize).min(cap);
-                for k in 0..out.n {
-                    let q = p.add(RECV_HDR_LEN + k * RECV_SGE_LEN);
-                    out.sges[k] = Sge {
-                        addr: (q as *const u64).read_unaligned(),
-                        length: (q.add(8) as *const u32).read_unaligned(),
-                        lkey: (q.add(12) as *const u32).read_unaligned(),
-                    };
-                }
-            }
-        }),
-        Pop::Item
-    );
+pub(crate) fn pop(ring: &RecvRing, out: &mut RecvEntry) -> bool {
+    let got = matches!(ring.pop(out), Pop::Item);
     if got {
         // The next request is usually posted already: fetch its line now, off the next
         // message's critical path.

@@ -42,6 +42,8 @@ use loom::sync::atomic::{AtomicU64, Ordering};
 #[cfg(not(loom))]
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::wire::{CellMut, CellRef};
+
 /// Bytes of a cell before its payload: the sequence word (8, or a loom atomic's size).
 const SEQ_LEN: usize = std::mem::size_of::<AtomicU64>().next_multiple_of(8);
 
@@ -152,6 +154,21 @@ impl Ring {
         }
     }
 
+    /// The payload of a cell this producer was given by the protocol, as a write handle.
+    #[inline(always)]
+    fn writable(&self, payload: *mut u8) -> CellMut<'_> {
+        // SAFETY: `payload` comes from `cell`, so `payload_len` bytes lie inside the ring's
+        // mapping, which outlives `self`; the caller won the cell (CAS or single producer).
+        unsafe { CellMut::new(payload, self.payload_len()) }
+    }
+
+    /// The payload of a cell this consumer was given by the protocol, as a read handle.
+    #[inline(always)]
+    fn readable(&self, payload: *mut u8) -> CellRef<'_> {
+        // SAFETY: as in `writable`; the caller claimed the published cell.
+        unsafe { CellRef::new(payload, self.payload_len()) }
+    }
+
     /// Capacity in entries.
     pub(crate) fn capacity(&self) -> u64 {
         self.mask + 1
@@ -172,7 +189,7 @@ impl Ring {
     /// Appends an entry whose payload `fill` writes. Returns false (and changes nothing) when
     /// the ring is full.
     #[inline]
-    pub(crate) fn push(&self, fill: impl FnOnce(*mut u8)) -> bool {
+    pub(crate) fn push(&self, fill: impl FnOnce(CellMut<'_>)) -> bool {
         let hdr = self.hdr();
         let mut pos = hdr.tail.load(Ordering::Relaxed);
         let mut rereads = 0u32;
@@ -183,7 +200,7 @@ impl Ring {
             if dif == 0 {
                 match hdr.tail.compare_exchange_weak(pos, pos.wrapping_add(1), Ordering::Relaxed, Ordering::Relaxed) {
                     Ok(_) => {
-                        fill(payload);
+                        fill(self.writable(payload));
                         seq.store(pos.wrapping_add(1), Ordering::Release);
                         return true;
                     }
@@ -213,7 +230,7 @@ impl Ring {
     /// same as with `push`. A cell whose sequence is not `pos` (full, or scribbled by a
     /// hostile peer) reads as full.
     #[inline]
-    pub(crate) fn push_single(&self, fill: impl FnOnce(*mut u8)) -> bool {
+    pub(crate) fn push_single(&self, fill: impl FnOnce(CellMut<'_>)) -> bool {
         let hdr = self.hdr();
         let pos = hdr.tail.load(Ordering::Relaxed);
         let (payload, seq) = self.cell(pos);
@@ -221,7 +238,7 @@ impl Ring {
             return false;
         }
         hdr.tail.store(pos.wrapping_add(1), Ordering::Relaxed);
-        fill(payload);
+        fill(self.writable(payload));
         seq.store(pos.wrapping_add(1), Ordering::Release);
         true
     }
@@ -241,7 +258,7 @@ impl Ring {
     /// cached view says `limit` are queued, so a post does not pull `head`'s line, which every
     /// consumer writes, on each call.
     #[inline]
-    pub(crate) fn push_single_bounded(&self, limit: u64, head_seen: &mut u64, fill: impl FnOnce(*mut u8)) -> bool {
+    pub(crate) fn push_single_bounded(&self, limit: u64, head_seen: &mut u64, fill: impl FnOnce(CellMut<'_>)) -> bool {
         let pos = self.hdr().tail.load(Ordering::Relaxed);
         if pos.wrapping_sub(*head_seen) >= limit {
             *head_seen = self.hdr().head.load(Ordering::Acquire);
@@ -257,7 +274,7 @@ impl Ring {
     /// Takes the oldest entry, letting `read` copy its payload out. Safe for many consumers.
     /// [`Pop::Stalled`] when the ring's words stay inconsistent for [`MAX_REREADS`] re-reads.
     #[inline]
-    pub(crate) fn pop(&self, read: impl FnOnce(*const u8)) -> Pop {
+    pub(crate) fn pop(&self, read: impl FnOnce(CellRef<'_>)) -> Pop {
         let hdr = self.hdr();
         let mut pos = hdr.head.load(Ordering::Relaxed);
         let mut rereads = 0u32;
@@ -268,7 +285,7 @@ impl Ring {
             if dif == 0 {
                 match hdr.head.compare_exchange_weak(pos, pos.wrapping_add(1), Ordering::Relaxed, Ordering::Relaxed) {
                     Ok(_) => {
-                        read(payload);
+                        read(self.readable(payload));
                         seq.store(pos.wrapping_add(self.mask + 1), Ordering::Release);
                         return Pop::Item;
                     }
@@ -352,7 +369,7 @@ impl Ring {
     /// Head-tracked push for many producers (CQs: any QP in any process completes into them).
     /// Returns false (and changes nothing) when the ring is full. Never reads a cell.
     #[inline]
-    pub(crate) fn push_tracked(&self, head_seen: &mut u64, fill: impl FnOnce(*mut u8)) -> bool {
+    pub(crate) fn push_tracked(&self, head_seen: &mut u64, fill: impl FnOnce(CellMut<'_>)) -> bool {
         let hdr = self.hdr();
         let mut pos = hdr.tail.load(Ordering::Relaxed);
         let mut rereads = 0u32;
@@ -364,7 +381,7 @@ impl Ring {
             match hdr.tail.compare_exchange_weak(pos, pos.wrapping_add(1), Ordering::Relaxed, Ordering::Relaxed) {
                 Ok(_) => {
                     let (payload, seq) = self.cell(pos);
-                    fill(payload);
+                    fill(self.writable(payload));
                     seq.store(pos.wrapping_add(1), Ordering::Release);
                     return true;
                 }
@@ -381,14 +398,14 @@ impl Ring {
 
     /// Head-tracked pop when this caller is the only consumer (the CQ's `&mut` poll).
     #[inline]
-    pub(crate) fn pop_single_tracked(&self, read: impl FnOnce(*const u8)) -> Pop {
+    pub(crate) fn pop_single_tracked(&self, read: impl FnOnce(CellRef<'_>)) -> Pop {
         let hdr = self.hdr();
         let pos = hdr.head.load(Ordering::Relaxed);
         let (payload, seq) = self.cell(pos);
         if seq.load(Ordering::Acquire) != pos.wrapping_add(1) {
             return Pop::Empty;
         }
-        read(payload);
+        read(self.readable(payload));
         // Release: the payload reads above come before any producer reuses the cell.
         hdr.head.store(pos.wrapping_add(1), Ordering::Release);
         Pop::Item
@@ -521,7 +538,7 @@ mod tests {
         let mut other = 0;
         for i in 0..6u64 {
             // SAFETY: the payload has 8 bytes.
-            assert!(r.push_tracked(&mut other, |p| unsafe { (p as *mut u64).write_unaligned(i) }));
+            assert!(r.push_tracked(&mut other, |mut c| c.put(0, &i)));
             assert!(matches!(r.pop_single_tracked(|_| {}), Pop::Item));
         }
         // Read at tail 5 with head 1 cached: 5 - 1 = capacity, "full" by that view.
@@ -563,8 +580,7 @@ mod tests {
             assert_eq!(r.cell(h).1.load(Ordering::Acquire), h + 1, "a published cell");
             r.hdr().head.store(h + 1, Ordering::Relaxed);
         }
-        // SAFETY: every payload here has 8 bytes.
-        let fill = |i: u64| move |p: *mut u8| unsafe { (p as *mut u64).write_unaligned(i) };
+        let fill = |i: u64| move |mut c: CellMut<'_>| c.put(0, &i);
         // The old shape: 4 cells for 4 requests.
         let mut b = Box::new(Buf([0; 4096]));
         // SAFETY: the buffer is big enough for 4 cells of 16 bytes and private to the test.
@@ -608,14 +624,14 @@ mod tests {
         for round in 0..3u64 {
             for i in 0..4u64 {
                 // SAFETY: the payload has 8 bytes.
-                assert!(r.push(|p| unsafe { (p as *mut u64).write_unaligned(round * 10 + i) }));
+                assert!(r.push(|mut c| c.put(0, &(round * 10 + i))));
             }
             assert!(!r.push(|_| unreachable!()));
             assert_eq!(r.len(), 4);
             for i in 0..4u64 {
                 let mut v = 0;
                 // SAFETY: the payload has 8 bytes.
-                assert!(matches!(r.pop(|p| v = unsafe { (p as *const u64).read_unaligned() }), Pop::Item));
+                assert!(matches!(r.pop(|c| v = c.get(0)), Pop::Item));
                 assert_eq!(v, round * 10 + i);
             }
             assert!(matches!(r.pop(|_| unreachable!()), Pop::Empty));
@@ -630,14 +646,14 @@ mod tests {
         for round in 0..3u64 {
             for i in 0..4u64 {
                 // SAFETY: the payload has 8 bytes.
-                assert!(r.push_single(|p| unsafe { (p as *mut u64).write_unaligned(round * 10 + i) }));
+                assert!(r.push_single(|mut c| c.put(0, &(round * 10 + i))));
             }
             assert!(!r.push_single(|_| unreachable!()), "a full ring must refuse without writing");
             assert_eq!(r.len(), 4);
             for i in 0..4u64 {
                 let mut v = 0;
                 // SAFETY: the payload has 8 bytes.
-                assert!(matches!(r.pop(|p| v = unsafe { (p as *const u64).read_unaligned() }), Pop::Item));
+                assert!(matches!(r.pop(|c| v = c.get(0)), Pop::Item));
                 assert_eq!(v, round * 10 + i);
             }
             assert_eq!(r.len(), 0);
@@ -659,7 +675,7 @@ mod tests {
                         loop {
                             let mut v = 0u64;
                             // SAFETY: 8-byte payload.
-                            match r.pop(|p| v = unsafe { (p as *const u64).read_unaligned() }) {
+                            match r.pop(|c| v = c.get(0)) {
                                 Pop::Item if v == u64::MAX => break got,
                                 Pop::Item => got.push(v),
                                 Pop::Empty => std::hint::spin_loop(),
@@ -671,7 +687,7 @@ mod tests {
                 .collect();
             for i in (0..N).chain([u64::MAX; 3]) {
                 // SAFETY: 8-byte payload.
-                while !r.push_single(|p| unsafe { (p as *mut u64).write_unaligned(i) }) {
+                while !r.push_single(|mut c| c.put(0, &i)) {
                     std::hint::spin_loop();
                 }
             }
@@ -699,7 +715,7 @@ mod tests {
                     let mut seen = 0;
                     for i in 0..N {
                         // SAFETY: 8-byte payload.
-                        while !r.push_tracked(&mut seen, |p| unsafe { (p as *mut u64).write_unaligned(t << 32 | i) }) {
+                        while !r.push_tracked(&mut seen, |mut c| c.put(0, &(t << 32 | i))) {
                             std::hint::spin_loop();
                         }
                     }
@@ -710,7 +726,7 @@ mod tests {
             while got < 4 * N {
                 let mut v = 0u64;
                 // SAFETY: 8-byte payload.
-                if let Pop::Item = r.pop_single_tracked(|p| v = unsafe { (p as *const u64).read_unaligned() }) {
+                if let Pop::Item = r.pop_single_tracked(|c| v = c.get(0)) {
                     let t = (v >> 32) as usize;
                     assert_eq!(v & 0xffff_ffff, next[t], "per-producer order");
                     next[t] += 1;
@@ -776,13 +792,13 @@ mod loom_tests {
             &self.slots[(p as usize - cells - SEQ_LEN) / STRIDE]
         }
 
-        fn fill(&self, v: u64) -> impl FnOnce(*mut u8) + '_ {
-            move |p| self.slot(p).with_mut(|x| unsafe { *x = v })
+        fn fill(&self, v: u64) -> impl FnOnce(CellMut<'_>) + '_ {
+            move |c| self.slot(c.as_ptr()).with_mut(|x| unsafe { *x = v })
         }
 
         /// Records a taken value; each must be taken once.
-        fn take(&self, p: *const u8) {
-            let v = self.slot(p).with(|x| unsafe { *x });
+        fn take(&self, c: CellRef<'_>) {
+            let v = self.slot(c.as_ptr()).with(|x| unsafe { *x });
             assert_eq!(self.taken[v as usize].fetch_add(1, Ordering::Relaxed), 0, "value {v} taken twice");
         }
 

@@ -5,6 +5,7 @@ use super::fabric::Fabric;
 use super::layout::*;
 use super::recvq;
 use super::ring::Ring;
+use super::wire::RecvRing;
 use super::tm::{self, TmView};
 use super::CtxInner;
 use crate::verbs::{Errno, Error, OpsChain, PostError, RecvChain, Result, SrqAttr, SrqAttrMask, TmCaps};
@@ -17,7 +18,7 @@ pub(crate) struct SrqShared {
     pub(crate) srqn: u32,
     pub(crate) pd: u32,
     /// Twice `max_wr` cells (see [`ShmSrq`]).
-    pub(crate) ring: Ring,
+    pub(crate) ring: RecvRing,
     /// Requests the SRQ holds (the requested `max_wr` rounded up to a power of two).
     pub(crate) max_wr: u32,
     pub(crate) max_sge: u32,
@@ -120,7 +121,7 @@ impl ShmSrq {
         let stride = recv_stride(attr.max_sge);
         let ring_len = Ring::bytes(cap, stride) as u64;
         let ring_off = f.alloc(ring_len)?;
-        let ring = match f.init_ring(ring_off, cap, stride) {
+        let ring = match f.init_recv_ring(ring_off, cap, attr.max_sge) {
             Ok(r) => r,
             Err(e) => {
                 f.free(ring_off, ring_len);
@@ -220,7 +221,7 @@ pub(crate) struct SrqView {
     pub srqn: u32,
     pub idx: usize,
     pub pd: u32,
-    pub ring: Ring,
+    pub ring: RecvRing,
     /// The tag list of a tag-matching SRQ.
     pub tm: Option<TmView>,
 }
@@ -235,8 +236,8 @@ pub(crate) fn srq_view(f: &Fabric, srqn: u32) -> Option<SrqView> {
         return None;
     }
     let cap = s.cap.load(Ordering::Relaxed) as usize;
-    let stride = recv_stride(s.max_sge.load(Ordering::Relaxed).min(recvq::MAX_SGE as u32));
-    let ring = f.ring(s.ring_off.load(Ordering::Relaxed), cap, stride).ok()?;
+    let max_sge = s.max_sge.load(Ordering::Relaxed).min(recvq::MAX_SGE as u32);
+    let ring = f.recv_ring(s.ring_off.load(Ordering::Relaxed), cap, max_sge).ok()?;
     let pd = s.pd.load(Ordering::Relaxed);
     let tm = match s.tm_off.load(Ordering::Relaxed) {
         0 => None,

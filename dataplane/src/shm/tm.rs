@@ -52,8 +52,19 @@ struct Entry {
 
 const _: () = assert!(std::mem::size_of::<Entry>() == ENTRY_HDR);
 
+/// One scatter entry of a tag entry (the SGEs follow the entry's header).
+#[repr(C)]
+struct EntrySge {
+    addr: AtomicU64,
+    length: AtomicU32,
+    lkey: AtomicU32,
+}
+
+const SGE_LEN: usize = std::mem::size_of::<EntrySge>();
+const _: () = assert!(SGE_LEN == 16);
+
 fn stride(max_sge: u32) -> usize {
-    ENTRY_HDR + 16 * max_sge as usize
+    ENTRY_HDR + SGE_LEN * max_sge as usize
 }
 
 /// Bytes of the tag list of an SRQ.
@@ -120,13 +131,13 @@ impl TmView {
         unsafe { &*(self.base.add(std::mem::size_of::<TmHeader>() + i * stride(self.max_sge)) as *const Entry) }
     }
 
-    fn sge_word(&self, i: usize, k: usize) -> (&AtomicU64, &AtomicU32, &AtomicU32) {
+    fn sge(&self, i: usize, k: usize) -> &EntrySge {
         debug_assert!(k < self.max_sge as usize);
-        // SAFETY: SGE k < max_sge of entry i < max_tags lies inside the checked range; each SGE
-        // is 16 bytes: addr (8-aligned), length, lkey.
+        // SAFETY: SGE k < max_sge of entry i < max_tags lies inside the checked range, 8-byte
+        // aligned (entries and their header are multiples of 8); atomics only.
         unsafe {
-            let p = self.base.add(std::mem::size_of::<TmHeader>() + i * stride(self.max_sge) + ENTRY_HDR + k * 16);
-            (&*(p as *const AtomicU64), &*(p.add(8) as *const AtomicU32), &*(p.add(12) as *const AtomicU32))
+            &*(self.base.add(std::mem::size_of::<TmHeader>() + i * stride(self.max_sge) + ENTRY_HDR + k * SGE_LEN)
+                as *const EntrySge)
         }
     }
 
@@ -165,8 +176,12 @@ impl TmView {
         out.wr_id = e.wr_id.load(Ordering::Relaxed);
         out.n = (e.n_sge.load(Ordering::Relaxed) as usize).min(self.max_sge as usize);
         for k in 0..out.n {
-            let (a, l, key) = self.sge_word(i, k);
-            out.sges[k] = Sge::new(a.load(Ordering::Relaxed), l.load(Ordering::Relaxed), key.load(Ordering::Relaxed));
+            let e = self.sge(i, k);
+            out.sges[k] = Sge::new(
+                e.addr.load(Ordering::Relaxed),
+                e.length.load(Ordering::Relaxed),
+                e.lkey.load(Ordering::Relaxed),
+            );
         }
         // Consumed: the handle goes stale (a TAG_DEL of it gets IBV_WC_TM_ERR).
         e.gen.fetch_add(1, Ordering::Relaxed);
@@ -244,10 +259,10 @@ pub(crate) fn post_ops(
                 e.wr_id.store(wr.recv_wr_id, Ordering::Relaxed);
                 e.n_sge.store(n as u32, Ordering::Relaxed);
                 for (k, s) in sges[..n].iter().enumerate() {
-                    let (a, l, key) = v.sge_word(idx, k);
-                    a.store(s.addr, Ordering::Relaxed);
-                    l.store(s.length, Ordering::Relaxed);
-                    key.store(s.lkey, Ordering::Relaxed);
+                    let e = v.sge(idx, k);
+                    e.addr.store(s.addr, Ordering::Relaxed);
+                    e.length.store(s.length, Ordering::Relaxed);
+                    e.lkey.store(s.lkey, Ordering::Relaxed);
                 }
                 e.state.store(VALID, Ordering::Relaxed);
                 chain.wrs_mut()[i].handle = gen << 16 | idx as u32;
