@@ -117,7 +117,7 @@ impl ShmCompChannel {
             if let Some(cqn) = ch.pop() {
                 return Ok(Some(cqn));
             }
-            super::qp::progress_waiting();
+            super::retry::progress_waiting();
             if let Some(cqn) = ch.pop() {
                 return Ok(Some(cqn));
             }
@@ -129,7 +129,7 @@ impl ShmCompChannel {
                 None => None,
             };
             let left =
-                if super::qp::sends_waiting() { Some(left.map_or(RETRY_TICK, |l| l.min(RETRY_TICK))) } else { left };
+                if super::retry::sends_waiting() { Some(left.map_or(RETRY_TICK, |l| l.min(RETRY_TICK))) } else { left };
             let ts =
                 left.map(|l| libc::timespec { tv_sec: l.as_secs() as libc::time_t, tv_nsec: l.subsec_nanos() as _ });
             let tsp = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);

@@ -247,13 +247,13 @@ impl crate::provider::Cq for ShmCq {
     #[inline]
     fn poll(&mut self, wc: &mut [WorkCompletion]) -> Result<usize> {
         let sh = &*self.shared;
-        super::qp::progress_waiting();
+        super::retry::progress_waiting();
         let f = sh.fabric();
         let mut n = 0;
         while let Some(out) = wc.get_mut(n) {
             let Some(retire) = sh.ring.pop(out) else { break };
             if let Some(i) = retire {
-                super::qp::retire(f, out.qp_num, i);
+                f.retire_send(out.qp_num, i);
             }
             n += 1;
         }

@@ -492,6 +492,19 @@ impl Fabric {
         Ok(unsafe { Ring::attach(p, cap, stride) })
     }
 
+    /// Records that the owner polled the completion of send WQE `wqe` of QP `qpn` (the
+    /// sender's window: `sq_retired`).
+    #[inline]
+    pub(crate) fn retire_send(&self, qpn: u32, wqe: u32) {
+        let idx = key_index(qpn, QP_IDX_BITS);
+        if idx < MAX_QP {
+            let s = self.qp_slot(idx);
+            if s.qpn.load(Ordering::Relaxed) == qpn {
+                s.sq_retired.store(wqe.wrapping_add(1), Ordering::Release);
+            }
+        }
+    }
+
     /// [`Fabric::init_ring`] for a receive queue or SRQ whose requests have up to `max_sge`
     /// SGEs.
     pub(crate) fn init_recv_ring(&self, off: u64, cap: usize, max_sge: u32) -> Result<RecvRing> {

@@ -214,6 +214,9 @@ pub(crate) fn mr_key_index(key: u32) -> usize {
     ((key >> 8) & 0xfff) as usize
 }
 
+/// MTU of the shm "link": the largest UD message.
+pub(crate) const SHM_MTU: u32 = 4096;
+
 /// A receive request in an RQ/SRQ ring: `wr_id`, SGE count, then SGEs as (addr, length, lkey).
 pub(crate) const RECV_HDR_LEN: usize = 16;
 /// Bytes per receive SGE in a ring cell.

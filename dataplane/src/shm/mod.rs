@@ -12,18 +12,25 @@
 //! trust rules are in `layout.rs` and `ring.rs`; the design is explained in
 //! docs/shm-provider.md.
 
+mod cell;
 mod channel;
 mod cq;
+mod dest;
+mod doorbell;
 mod exec;
 mod fabric;
 mod layout;
 mod mcast;
 mod mr;
+mod place;
 mod qp;
+mod qp_error;
 mod raw;
 mod recvq;
+mod retry;
 mod ring;
 pub mod sizing;
+mod sq;
 mod srq;
 mod tm;
 mod wire;
@@ -161,7 +168,7 @@ pub(crate) fn gid_of(ctx: &CtxInner, port: u8, index: u8) -> Result<[u8; 16]> {
     if index != 0 {
         return Err(Error::new(Errno::EINVAL, format!("GID index {index} is out of range (the shm port has 1 GID)")));
     }
-    Ok(exec::gid(ctx.fabric.fabric_id(), ctx.lid))
+    Ok(dest::gid(ctx.fabric.fabric_id(), ctx.lid))
 }
 
 impl crate::Provider for Shm {
@@ -195,8 +202,8 @@ impl crate::Context<Shm> for ShmContext {
         }
         Ok(PortAttr {
             state: PortState::Active,
-            active_mtu: qp::SHM_MTU,
-            max_mtu: qp::SHM_MTU,
+            active_mtu: layout::SHM_MTU,
+            max_mtu: layout::SHM_MTU,
             lid: self.inner.lid,
             gid_tbl_len: 1,
         })
@@ -284,12 +291,12 @@ impl crate::Pd<Shm> for ShmPd {
         if attr.is_global && attr.sgid_index != 0 {
             return Err(Error::new(Errno::EINVAL, format!("sgid_index {} is out of range", attr.sgid_index)));
         }
-        let mut h = exec::AH_VALID | attr.dlid as u64;
+        let mut h = dest::AH_VALID | attr.dlid as u64;
         if attr.is_global {
-            h |= exec::AH_GLOBAL;
+            h |= dest::AH_GLOBAL;
             if crate::provider::is_mcast_gid(&attr.dgid) {
                 let grp = mcast::group_for_ah(&self.inner.ctx.fabric, &attr.dgid, attr.dlid)?;
-                h |= exec::AH_MCAST | (grp as u64) << 16;
+                h |= dest::AH_MCAST | (grp as u64) << 16;
             }
         }
         Ok(ShmAh { handle: AhHandle(h) })

@@ -5,24 +5,21 @@
 //! a WQE occupies its slot from `post_send` until a completion of it (or of a later WQE of the
 //! same QP) is polled, so selective signaling fills the queue exactly as on a real NIC.
 
-use super::cq::{cq_ring, push_cqe, push_cqe_to, CqShared, Cqe};
-use super::exec::{Blocked, Seg};
-use super::fabric::Fabric;
+use super::cq::CqShared;
 use super::layout::*;
-use super::mr::{mr_lookup, PdInner};
-use super::recvq::{self, RecvEntry, MAX_SGE};
+use super::mr::PdInner;
+use super::qp_error::{flush_rq, to_error};
+use super::recvq::{self, RecvEntry};
+use super::retry::Waiter;
 use super::ring::Ring;
-use super::wire::RecvRing;
+use super::sq::SqState;
 use super::srq::SrqShared;
-use super::CtxInner;
+use super::wire::RecvRing;
 use crate::verbs::*;
 use std::cell::UnsafeCell;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, Weak};
-
-/// MTU of the shm "link": the largest UD message.
-pub(crate) const SHM_MTU: u32 = 4096;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
 
 /// A queue pair of the `shm` provider.
 pub struct ShmQp {
@@ -51,6 +48,7 @@ pub(crate) struct SqCell {
 
 // SAFETY: `st` is only accessed while `busy` is held (Acquire on take, Release on give).
 unsafe impl Sync for SqCell {}
+
 // SAFETY: SqState holds Arcs and raw views of shared memory, all Send.
 unsafe impl Send for SqCell {}
 
@@ -97,273 +95,14 @@ impl SqCell {
             Some(SqGuard { cell: self })
         }
     }
+}
 
+impl Waiter for SqCell {
     /// Progress from a CQ poll: skipped if the owner is posting right now (it progresses
     /// the queue itself).
-    pub(crate) fn try_progress(&self) {
+    fn try_progress(&self) {
         if let Some(mut g) = self.try_lock() {
-            g.progress();
-        }
-    }
-}
-
-/// A WQE waiting behind an RNR or a retry.
-#[derive(Clone, Copy)]
-pub(crate) struct Pending {
-    pub wr: SendWr,
-    pub wqe: u32,
-    pub n_sge: u32,
-    /// Bytes of inline data stored in the slot's inline buffer.
-    pub inline_len: Option<u32>,
-}
-
-pub(crate) struct SqState {
-    pub(crate) ctx: Arc<CtxInner>,
-    pub(crate) send_cq: Arc<CqShared>,
-    /// Our cached view of the send CQ's consumer position (`cq::push_cqe`).
-    pub(crate) send_cq_head: std::cell::Cell<u64>,
-    pub(crate) qpn: u32,
-    pub(crate) idx: usize,
-    pub(crate) qp_type: QpType,
-    pub(crate) pd: u32,
-    pub(crate) lid: u16,
-    pub(crate) sig_all: bool,
-    pub(crate) depth: u32,
-    pub(crate) max_sge: u32,
-    pub(crate) max_inline: u32,
-    pub(crate) posted: u32,
-    pub(crate) dest_qpn: u32,
-    pub(crate) qkey: u32,
-    pub(crate) retry_cnt: u8,
-    pub(crate) rnr_retry: u8,
-    pub(crate) timeout_ns: Option<u64>,
-    pub(crate) pending: VecDeque<Pending>,
-    pend_sges: Vec<Sge>,
-    pend_inline: Vec<u8>,
-    pub(crate) blocked: Option<Blocked>,
-    /// Retries made after RNR NAKs and missing responders (for stats).
-    pub(crate) retries: u64,
-    registered_pending: bool,
-    /// This send queue's own cell, for the process-wide waiting list.
-    me: Weak<SqCell>,
-    pub(crate) dest: Option<super::exec::DestView>,
-    /// XRC_SEND: the target XRC SRQ last sent to, seen through the connected XRC_RECV QP.
-    pub(crate) xrc_dest: Option<super::exec::DestView>,
-    /// Members of the multicast group last sent to (UD only; built on the first such send).
-    pub(crate) mcast: Option<super::exec::McastDests>,
-    /// Scratch receive entry (kept here to stay off the stack in the hot path).
-    pub(crate) rx: RecvEntry,
-}
-
-impl SqState {
-    pub(crate) fn fabric(&self) -> &Fabric {
-        &self.ctx.fabric
-    }
-
-    pub(crate) fn slot(&self) -> &QpSlot {
-        self.ctx.fabric.qp_slot(self.idx)
-    }
-
-    pub(crate) fn state(&self) -> QpState {
-        QpState::from_u8(self.slot().state.load(Ordering::Acquire) as u8).unwrap_or(QpState::Error)
-    }
-
-    /// Pushes a completion for send WQE `wqe` into our send CQ.
-    #[inline(always)]
-    pub(crate) fn complete(&self, wr: &SendWr, wqe: u32, status: WcStatus, byte_len: u32) {
-        let cqe = Cqe {
-            wc: WorkCompletion {
-                wr_id: wr.wr_id,
-                status,
-                opcode: wr.opcode.wc_opcode(),
-                byte_len,
-                qp_num: self.qpn,
-                ..Default::default()
-            },
-            retire: Some(wqe),
-            solicited: false,
-        };
-        let mut seen = self.send_cq_head.get();
-        let cq = &*self.send_cq;
-        push_cqe_to(self.fabric(), &cq.ring, &mut seen, cq.cqn, cq.has_channel, &cqe);
-        self.send_cq_head.set(seen);
-    }
-
-    fn set_pending_registered(&mut self, on: bool) {
-        if on != self.registered_pending {
-            self.registered_pending = on;
-            let mut list = WAITING.lock().unwrap_or_else(|e| e.into_inner());
-            if on {
-                list.push(self.me.clone());
-            } else {
-                list.retain(|w| !w.ptr_eq(&self.me));
-            }
-            WAITING_COUNT.store(list.len() as u32, Ordering::Release);
-        }
-    }
-
-    /// Stores a WQE at the back of the pending queue, copying its SGEs (or inline bytes).
-    pub(crate) fn enqueue(&mut self, wr: &SendWr, wqe: u32, src: &[Sge], inline: Option<&[Seg]>) {
-        let slot = (wqe % self.depth) as usize;
-        let inline_len = inline.map(|segs| {
-            let m = self.max_inline as usize;
-            let mut at = slot * m;
-            for s in segs {
-                // SAFETY: inline segments point into the fabric (bounds-checked) or the chain's
-                // own bytes, and their total was checked against max_inline_data, so the
-                // destination stays inside this slot's buffer.
-                unsafe { std::ptr::copy(s.ptr, self.pend_inline[at..at + s.len].as_mut_ptr(), s.len) };
-                at += s.len;
-            }
-            (at - slot * m) as u32
-        });
-        let m = self.max_sge as usize;
-        let n = if inline.is_some() { 0 } else { src.len() };
-        self.pend_sges[slot * m..slot * m + n].copy_from_slice(&src[..n]);
-        self.pending.push_back(Pending { wr: *wr, wqe, n_sge: n as u32, inline_len });
-        self.set_pending_registered(true);
-    }
-
-    pub(crate) fn pending_parts(&self, p: &Pending) -> (&[Sge], Option<&[u8]>) {
-        let slot = (p.wqe % self.depth) as usize;
-        let m = self.max_sge as usize;
-        let sges = &self.pend_sges[slot * m..slot * m + p.n_sge as usize];
-        let inline = p.inline_len.map(|l| {
-            let mi = self.max_inline as usize;
-            &self.pend_inline[slot * mi..slot * mi + l as usize]
-        });
-        (sges, inline)
-    }
-
-    /// Completes every pending WQE with a flush error.
-    pub(crate) fn flush_pending(&mut self) {
-        while let Some(p) = self.pending.pop_front() {
-            self.complete(&p.wr, p.wqe, WcStatus::WrFlushErr, 0);
-        }
-        self.blocked = None;
-        self.set_pending_registered(false);
-    }
-
-    /// Moves this QP to ERROR (from any state but RESET) and flushes what it owns.
-    pub(crate) fn enter_error(&mut self, f: &Fabric) {
-        to_error(f, self.idx, self.qpn);
-        self.flush_pending();
-    }
-
-    /// Retries the head of the pending queue if its timer expired; runs what follows.
-    pub(crate) fn progress(&mut self) {
-        if self.state() == QpState::Error {
-            self.flush_pending();
-            return;
-        }
-        let f = self.ctx.fabric.clone();
-        super::exec::run_pending(&f, self);
-        if self.pending.is_empty() {
-            self.set_pending_registered(false);
-        }
-    }
-}
-
-/// Send queues of this process with WQEs waiting behind an RNR or a retry. A NIC retries on
-/// its own; here the poster's CPU must, so every CQ poll in the process (whichever CQ: a
-/// pingpong waits on its receive CQ) progresses them. `WAITING_COUNT` keeps the check to one
-/// load when nothing waits.
-static WAITING: Mutex<Vec<Weak<SqCell>>> = Mutex::new(Vec::new());
-static WAITING_COUNT: AtomicU32 = AtomicU32::new(0);
-
-/// Whether some send queue of this process has WQEs waiting behind an RNR or a retry (they
-/// progress only when the process polls a CQ or waits on a completion channel).
-#[inline]
-pub(crate) fn sends_waiting() -> bool {
-    WAITING_COUNT.load(Ordering::Relaxed) != 0
-}
-
-/// Progresses every waiting send queue of the process (skipping those being posted to).
-#[inline]
-pub(crate) fn progress_waiting() {
-    if WAITING_COUNT.load(Ordering::Relaxed) != 0 {
-        progress_waiting_slow();
-    }
-}
-
-thread_local! {
-    /// Reused list of waiting send queues: progress runs on the busy-poll path whenever a send
-    /// waits on RNR, so after warm-up it must not allocate.
-    static SCRATCH: std::cell::RefCell<Vec<Arc<SqCell>>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-#[cold]
-fn progress_waiting_slow() {
-    SCRATCH.with(|scratch| {
-        let Ok(mut cells) = scratch.try_borrow_mut() else { return };
-        cells.extend(WAITING.lock().unwrap_or_else(|e| e.into_inner()).iter().filter_map(Weak::upgrade));
-        // The list lock is released: progress may deregister a queue (which takes it).
-        for c in cells.iter() {
-            c.try_progress();
-        }
-        cells.clear();
-    });
-}
-
-/// Moves QP `idx` to ERROR (unless in RESET) and flushes its receive queue (any process may
-/// do this: the sender that found the error, or the owner). QPs on an SRQ get
-/// `IBV_EVENT_QP_LAST_WQE_REACHED` instead.
-pub(crate) fn to_error(f: &Fabric, idx: usize, qpn: u32) {
-    let s = f.qp_slot(idx);
-    if s.qpn.load(Ordering::Acquire) != qpn {
-        return;
-    }
-    let mut cur = s.state.load(Ordering::Acquire);
-    loop {
-        if cur == QpState::Error as u32 || cur == QpState::Reset as u32 {
-            return;
-        }
-        match s.state.compare_exchange(cur, QpState::Error as u32, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => break,
-            Err(c) => cur = c,
-        }
-    }
-    let ctx = s.ctx.load(Ordering::Relaxed) as usize;
-    // XRC QPs have no receive queue to flush (their SRQs belong to the domain, not to them).
-    if QpType::from_u8(s.qp_type.load(Ordering::Relaxed) as u8).is_some_and(QpType::is_xrc) {
-        return;
-    }
-    if s.srqn.load(Ordering::Relaxed) != 0 {
-        f.post_event(ctx, super::EVENT_QP_LAST_WQE, qpn);
-    } else {
-        flush_rq(f, s, qpn);
-    }
-}
-
-/// Completes every request in QP `qpn`'s receive queue with a flush error.
-fn flush_rq(f: &Fabric, s: &QpSlot, qpn: u32) {
-    let cap = s.rq_cap.load(Ordering::Relaxed) as usize;
-    let sge = s.rq_sge.load(Ordering::Relaxed).min(MAX_SGE as u32);
-    let Ok(rq) = f.recv_ring(s.rq_off.load(Ordering::Relaxed), cap, sge) else { return };
-    let Some(cq) = cq_ring(f, s.recv_cqn.load(Ordering::Relaxed)) else { return };
-    let cqn = s.recv_cqn.load(Ordering::Relaxed);
-    let mut e = RecvEntry::default();
-    let mut cq_head = 0;
-    while recvq::pop(&rq, &mut e) {
-        let wc = WorkCompletion {
-            wr_id: e.wr_id,
-            status: WcStatus::WrFlushErr,
-            opcode: WcOpcode::Recv,
-            qp_num: qpn,
-            ..Default::default()
-        };
-        push_cqe(f, &cq, &mut cq_head, cqn, &Cqe { wc, retire: None, solicited: false });
-    }
-}
-
-/// Records that the owner polled the completion of send WQE `wqe` of QP `qpn`.
-#[inline]
-pub(crate) fn retire(f: &Fabric, qpn: u32, wqe: u32) {
-    let idx = key_index(qpn, QP_IDX_BITS);
-    if idx < MAX_QP {
-        let s = f.qp_slot(idx);
-        if s.qpn.load(Ordering::Relaxed) == qpn {
-            s.sq_retired.store(wqe.wrapping_add(1), Ordering::Release);
+            super::doorbell::progress(&mut g);
         }
     }
 }
@@ -526,13 +265,13 @@ impl ShmQp {
             blocked: None,
             retries: 0,
             registered_pending: false,
-            me: Weak::new(),
+            me: Weak::<SqCell>::new(),
             dest: None,
             xrc_dest: None,
             mcast: None,
             rx: RecvEntry::default(),
         };
-        let sq = Arc::new_cyclic(|me| {
+        let sq = Arc::new_cyclic(|me: &Weak<SqCell>| {
             let mut st = st;
             st.me = me.clone();
             SqCell { busy: AtomicBool::new(false), st: UnsafeCell::new(st) }
@@ -744,7 +483,7 @@ impl crate::provider::Qp for ShmQp {
     fn post_send(&mut self, chain: &SendChain) -> std::result::Result<(), PostError> {
         let f = &self.pd.ctx.fabric;
         let mut g = self.sq.lock();
-        super::exec::post_send(f, &mut g, chain)
+        super::doorbell::post_send(f, &mut g, chain)
     }
 
     fn post_recv(&mut self, chain: &RecvChain) -> std::result::Result<(), PostError> {
@@ -784,32 +523,6 @@ impl ShmQp {
     pub fn recv_cqn(&self) -> u32 {
         self.recv_cq.cqn
     }
-}
-
-/// Resolves local SGEs for a send into segments of this process (`out` holds at least
-/// `sges.len()`); used at post time and again when a pending WQE runs.
-#[inline]
-pub(crate) fn resolve_local(
-    f: &Fabric,
-    pd: u32,
-    sges: &[Sge],
-    need_write: bool,
-    out: &mut [Seg],
-) -> std::result::Result<(usize, u64), &'static str> {
-    let mut total = 0u64;
-    for (k, s) in sges.iter().enumerate() {
-        let Some(mr) = mr_lookup(f, s.lkey).filter(|m| !m.window) else { return Err("unknown lkey") };
-        if mr.pd != pd {
-            return Err("lkey belongs to another protection domain");
-        }
-        if need_write && !mr.access.contains(AccessFlags::LOCAL_WRITE) {
-            return Err("RDMA READ/atomic target MR lacks LOCAL_WRITE");
-        }
-        let Some(p) = mr.translate(f, s.addr, s.length as u64) else { return Err("SGE outside its memory region") };
-        out[k] = Seg { ptr: p, len: s.length as usize };
-        total += s.length as u64;
-    }
-    Ok((sges.len(), total))
 }
 
 #[cfg(test)]

@@ -42,7 +42,7 @@ use loom::sync::atomic::{AtomicU64, Ordering};
 #[cfg(not(loom))]
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::wire::{CellMut, CellRef};
+use super::cell::{CellMut, CellRef};
 
 /// Bytes of a cell before its payload: the sequence word (8, or a loom atomic's size).
 const SEQ_LEN: usize = std::mem::size_of::<AtomicU64>().next_multiple_of(8);

@@ -13,7 +13,7 @@ pub fn caps(fabric_size: u64) -> DeviceCaps {
 
 /// The active MTU of the shm port, in bytes.
 pub fn port_mtu() -> u32 {
-    super::qp::SHM_MTU
+    super::layout::SHM_MTU
 }
 
 /// Bytes at the start of every fabric taken by its object tables (not available to rings and

@@ -1,17 +1,17 @@
-//! The records that cross processes inside ring cells, as `#[repr(C)]` types, and the cell
-//! handles through which they are written and read.
+//! The records that cross processes inside ring cells, as `#[repr(C)]` types, and the typed
+//! rings that carry them.
 //!
-//! A ring hands its producer a [`CellMut`] and its consumer a [`CellRef`]: a pointer to the
-//! cell's payload and the payload's length, made only by `ring.rs`. Records go in and out of
-//! a cell whole, so no other module computes a byte offset into shared memory or holds an
-//! `unsafe` block to touch a cell:
+//! A ring hands its producer a `CellMut` and its consumer a `CellRef` (`cell.rs`): a pointer
+//! to the cell's payload and the payload's length. Records go in and out of a cell whole, so
+//! no other module computes a byte offset into shared memory or holds an `unsafe` block to
+//! touch a cell:
 //!
 //! - on the hot path through typed rings, [`CqRing`] (CQEs) and [`RecvRing`] (receive
 //!   requests), whose constructors check once that their cells hold the record; their
 //!   accesses then need no per-record check (measured: per-record checks cost 60
 //!   instructions per message in `profile_post_poll`, and reading a CQE whole instead of
 //!   field by field another 12);
-//! - elsewhere (async and channel events) through [`CellMut::put`] and [`CellRef::get`], each
+//! - elsewhere (async and channel events) through `CellMut::put` and `CellRef::get`, each
 //!   access checked against the payload's length.
 //!
 //! | record | ring | bytes |
@@ -24,144 +24,12 @@
 //! (for example `CqeRecord::decode_in`) decides what an unknown status or opcode means. The
 //! layout is part of the fabric's layout version (`layout::VERSION`).
 
+use super::cell::{fits, CellRef, Plain};
+#[cfg(test)]
+use super::cell::CellMut;
 use super::ring::{Pop, Ring};
 use crate::verbs::{Sge, WcFlags, WcOpcode, WcStatus, WorkCompletion};
-use std::marker::PhantomData;
 use std::mem::size_of;
-
-/// Plain data that may be copied into and out of shared memory.
-///
-/// # Safety
-/// The type is `#[repr(C)]`, has no padding bytes (its padding is explicit fields), and every
-/// bit pattern of its size is a valid value.
-pub(crate) unsafe trait Plain: Copy {}
-
-// SAFETY: integers: no padding, every bit pattern valid.
-unsafe impl Plain for u32 {}
-// SAFETY: as above.
-unsafe impl Plain for u64 {}
-
-/// Whether a `T` at byte `off` lies inside a payload of `len` bytes.
-#[inline(always)]
-fn fits<T>(off: usize, len: usize) -> bool {
-    size_of::<T>() <= len && off <= len - size_of::<T>()
-}
-
-/// The payload of a ring cell that this producer owns until it publishes the cell.
-pub(crate) struct CellMut<'a> {
-    p: *mut u8,
-    len: usize,
-    _cell: PhantomData<&'a mut [u8]>,
-}
-
-impl CellMut<'_> {
-    /// # Safety
-    /// `p` is valid for writes of `len` bytes for the handle's lifetime, and the ring's
-    /// protocol gives the caller the cell (no other writer while the handle lives, except a
-    /// hostile peer, whose writes can change values but not move an access out of the cell).
-    #[inline(always)]
-    pub(crate) unsafe fn new(p: *mut u8, len: usize) -> Self {
-        CellMut { p, len, _cell: PhantomData }
-    }
-
-    /// Writes `v` at byte `off` of the payload. A record that does not fit is not written (a
-    /// bug in the caller's layout, never a peer's doing: offsets and lengths here are this
-    /// process's own; debug builds panic).
-    #[inline(always)]
-    pub(crate) fn put<T: Plain>(&mut self, off: usize, v: &T) {
-        self.put_with(off, || *v)
-    }
-
-    /// [`CellMut::put`] of the record `make` builds, called only once the record is known to
-    /// fit. Building it inside the check lets the compiler write its fields straight into the
-    /// cell: built before (an argument), it goes through the stack, which measured 46 more
-    /// instructions per message in `profile_post_poll` for the two CQEs of a message.
-    #[inline(always)]
-    pub(crate) fn put_with<T: Plain>(&mut self, off: usize, make: impl FnOnce() -> T) {
-        debug_assert!(fits::<T>(off, self.len), "record outside its cell");
-        if fits::<T>(off, self.len) {
-            // SAFETY: checked above to lie inside the payload, which `new`'s contract makes
-            // writable; unaligned because payloads are only 8-byte aligned.
-            unsafe { (self.p.add(off) as *mut T).write_unaligned(make()) }
-        }
-    }
-
-    /// [`CellMut::put_with`] without the check.
-    ///
-    /// # Safety
-    /// A `T` at byte `off` lies inside the payload (a ring whose stride guarantees it, such
-    /// as [`CqRing`]'s).
-    #[inline(always)]
-    unsafe fn put_unchecked<T: Plain>(&mut self, off: usize, make: impl FnOnce() -> T) {
-        debug_assert!(fits::<T>(off, self.len), "record outside its cell");
-        // SAFETY: inside the payload per the contract, writable per `new`'s.
-        unsafe { (self.p.add(off) as *mut T).write_unaligned(make()) }
-    }
-
-    /// Where the payload starts (the loom model maps it to its own cells).
-    #[cfg(loom)]
-    pub(crate) fn as_ptr(&self) -> *const u8 {
-        self.p
-    }
-}
-
-/// The payload of a ring cell that this consumer has claimed.
-pub(crate) struct CellRef<'a> {
-    p: *const u8,
-    len: usize,
-    _cell: PhantomData<&'a [u8]>,
-}
-
-impl CellRef<'_> {
-    /// # Safety
-    /// `p` is valid for reads of `len` bytes for the handle's lifetime, and the ring's
-    /// protocol has given the caller the cell.
-    #[inline(always)]
-    pub(crate) unsafe fn new(p: *const u8, len: usize) -> Self {
-        CellRef { p, len, _cell: PhantomData }
-    }
-
-    /// Reads the record at byte `off` of the payload; all zeros if it does not fit (as
-    /// [`CellMut::put`]).
-    #[inline(always)]
-    pub(crate) fn get<T: Plain>(&self, off: usize) -> T {
-        // SAFETY: all zeros is a bit pattern, so a `T` (`Plain`).
-        self.get_with(off, |v| v).unwrap_or_else(|| unsafe { std::mem::zeroed() })
-    }
-
-    /// Hands the record at byte `off` to `use_it`, or returns `None` if it does not fit (as
-    /// [`CellMut::put`]). Decoding inside the check reads the fields straight from the cell
-    /// (see [`CellMut::put_with`]).
-    #[inline(always)]
-    pub(crate) fn get_with<T: Plain, R>(&self, off: usize, use_it: impl FnOnce(T) -> R) -> Option<R> {
-        debug_assert!(fits::<T>(off, self.len), "record outside its cell");
-        if fits::<T>(off, self.len) {
-            // SAFETY: inside the payload (checked above), readable per `new`'s contract; any
-            // bit pattern is a `T` (`Plain`).
-            Some(use_it(unsafe { (self.p.add(off) as *const T).read_unaligned() }))
-        } else {
-            None
-        }
-    }
-
-    /// [`CellRef::get`] without the check.
-    ///
-    /// # Safety
-    /// As [`CellMut::put_unchecked`].
-    #[inline(always)]
-    unsafe fn get_unchecked<T: Plain>(&self, off: usize) -> T {
-        debug_assert!(fits::<T>(off, self.len), "record outside its cell");
-        // SAFETY: inside the payload per the contract, readable per `new`'s; any bit pattern
-        // is a `T` (`Plain`).
-        unsafe { (self.p.add(off) as *const T).read_unaligned() }
-    }
-
-    /// Where the payload starts (the loom model maps it to its own cells).
-    #[cfg(loom)]
-    pub(crate) fn as_ptr(&self) -> *const u8 {
-        self.p
-    }
-}
 
 /// A completion as it lies in a CQ cell: a [`WorkCompletion`] with the send-queue index it
 /// retires (send completions only).
@@ -226,8 +94,8 @@ impl CqeRecord {
     /// A `CqeRecord` lies at the start of the payload.
     #[inline(always)]
     unsafe fn decode_in(cell: &CellRef<'_>, wc: &mut WorkCompletion) -> Option<u32> {
-        debug_assert!(fits::<CqeRecord>(0, cell.len), "record outside its cell");
-        let r = cell.p as *const CqeRecord;
+        debug_assert!(fits::<CqeRecord>(0, cell.len()), "record outside its cell");
+        let r = cell.as_ptr() as *const CqeRecord;
         macro_rules! field {
             ($f:ident) => {
                 // SAFETY: the field lies inside the record, which lies inside the payload

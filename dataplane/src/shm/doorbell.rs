@@ -1,0 +1,602 @@
+//! The doorbell: the top of the send path. `post_send` validates each WR (errors that "can be
+//! detected immediately" return `bad_wr` with nothing changed) and runs it at once through
+//! the stages below (`exec` -> `dest` -> `place` -> `cq`). A one-SGE RC/UC/XRC SEND or WRITE
+//! takes `post_fast`, everything else `post_many`. A WQE that cannot run yet (RC: no receive
+//! posted, or the target not ready) waits in the QP's pending queue with everything behind
+//! it, and is retried after the RNR timer or ACK timeout (`run_pending`, from the send CQ's
+//! `poll`, a channel wait, or the next `post_send`), until its retry count runs out.
+
+use super::dest::*;
+use super::exec::*;
+use super::fabric::{pid_alive, Fabric};
+use super::layout::*;
+use super::mr::mr_lookup;
+use super::place::*;
+use super::recvq::{self, MAX_SGE};
+use super::sq::{BlockKind, Blocked, SqState};
+use crate::net::frame::FrameKey;
+use crate::net::tso::TsoPlan;
+use crate::verbs::*;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// Checks one send WR at post time and resolves its local memory into `segs` (room for
+/// `max(1, sges.len())`). Returns the number of segments and the total length.
+#[inline(always)]
+pub(crate) fn prepare(
+    f: &Fabric,
+    st: &SqState,
+    wr: &SendWr,
+    sges: &[Sge],
+    inline: Option<&[u8]>,
+    i: usize,
+    segs: &mut [Seg],
+) -> std::result::Result<(usize, u64, bool), PostError> {
+    let op = wr.opcode;
+    if !op.allowed_on(st.qp_type) {
+        return Err(PostError::new(Errno::EINVAL, i, "opcode not allowed on this QP type (ibv_post_send(3) table)"));
+    }
+    if wr.flags.contains(SendFlags::IP_CSUM) && st.qp_type != QpType::RawPacket {
+        return Err(PostError::new(Errno::EINVAL, i, "IBV_SEND_IP_CSUM is offloaded on RAW_PACKET QPs only"));
+    }
+    let is_inline = wr.flags.contains(SendFlags::INLINE) || inline.is_some();
+    // ibv_post_send(3): INLINE is "Valid only for Send and RDMA Write". Refused rather than
+    // ignored: for RDMA READ and atomics the local buffer is a destination, and with
+    // `push_inline` it would be the chain's own immutable bytes (conformance case
+    // inline_only_for_send_and_write).
+    if is_inline && !op.inline_allowed() {
+        return Err(PostError::new(Errno::EINVAL, i, "IBV_SEND_INLINE is valid only for Send and RDMA Write"));
+    }
+    let (n, total) = if let Some(bytes) = inline {
+        segs[0] = Seg { ptr: bytes.as_ptr() as *mut u8, len: bytes.len() };
+        (1, bytes.len() as u64)
+    } else {
+        if sges.len() > st.max_sge as usize {
+            return Err(PostError::new(Errno::EINVAL, i, "more SGEs than the QP's max_send_sge"));
+        }
+        if is_inline {
+            // The L_Key is not checked; the bytes must still be memory this process can read
+            // safely: the fabric.
+            let mut total = 0u64;
+            for (k, s) in sges.iter().enumerate() {
+                let Some(off) = f.offset_of(s.addr, s.length as u64) else {
+                    return Err(PostError::new(Errno::EINVAL, i, "inline SGE outside the fabric's memory"));
+                };
+                segs[k] =
+                    Seg { ptr: f.ptr(off, s.length as u64).unwrap_or(std::ptr::null_mut()), len: s.length as usize };
+                total += s.length as u64;
+            }
+            (sges.len(), total)
+        } else {
+            let need_write = matches!(op, WrOpcode::RdmaRead | WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd);
+            resolve_local(f, st.pd, sges, need_write, segs).map_err(|r| PostError::new(Errno::EINVAL, i, r))?
+        }
+    };
+    if is_inline && total > st.max_inline as u64 {
+        return Err(PostError::new(Errno::EINVAL, i, "inline data longer than the QP's max_inline_data"));
+    }
+    match op {
+        WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd if total != 8 => {
+            return Err(PostError::new(Errno::EINVAL, i, "atomic operations need an 8-byte local buffer"));
+        }
+        _ => {}
+    }
+    if st.qp_type == QpType::Ud {
+        if wr.ud.ah.0 & AH_VALID == 0 {
+            return Err(PostError::new(Errno::EINVAL, i, "UD send without a valid address handle"));
+        }
+        if total > SHM_MTU as u64 {
+            return Err(PostError::new(Errno::EINVAL, i, "UD message larger than the path MTU (4096)"));
+        }
+    } else if st.qp_type == QpType::RawPacket && op != WrOpcode::Tso {
+        // (A TSO payload is not a frame: `post_tso` bounds it.)
+        if total < 14 {
+            return Err(PostError::new(Errno::EINVAL, i, "a RAW_PACKET send must hold an Ethernet header (14 bytes)"));
+        }
+        if total > RAW_MAX_FRAME as u64 {
+            return Err(PostError::new(
+                Errno::EINVAL,
+                i,
+                "frame larger than the port MTU (4096) + 18 bytes of headers",
+            ));
+        }
+    } else if total > 1 << 31 {
+        return Err(PostError::new(Errno::EINVAL, i, "message larger than max_msg_sz (2^31)"));
+    }
+    Ok((n, total, is_inline))
+}
+
+/// `ibv_post_send` on the shm provider. See the module docs.
+#[inline]
+pub(crate) fn post_send(f: &Fabric, st: &mut SqState, chain: &SendChain) -> std::result::Result<(), PostError> {
+    let mut state = st.state();
+    if !state.accepts_post_send() {
+        return Err(PostError::new(
+            Errno::EINVAL,
+            0,
+            "QP is not ready to send (post_send needs RTS, SQD, SQE or ERROR)",
+        ));
+    }
+    if !st.pending.is_empty() {
+        // A peer may have moved this QP to ERROR (its message failed in our receive queue)
+        // while WQEs wait: flush those before anything posted now, as poll's progress() does,
+        // so completions stay in posting order (case flush_after_peer_error_keeps_order).
+        progress(st);
+        state = st.state();
+        if state == QpState::Error {
+            st.flush_pending();
+        }
+    }
+    let mut retired = st.slot().sq_retired.load(Ordering::Acquire);
+    for (i, wr) in chain.wrs().iter().enumerate() {
+        let sges = chain.sges_of(wr);
+        let inline = chain.inline_of(wr);
+        if let ([sge], None) = (sges, inline) {
+            if post_fast::<false>(f, st, wr, sge, &mut state, &mut retired) {
+                continue;
+            }
+        }
+        // Most WRs have one SGE (or inline bytes, one segment): their segments fit an array
+        // of one, which costs nothing to initialise, unlike room for MAX_SGE. TSO goes out of
+        // line with the multi-SGE WRs (kept out of this loop: its call here made LLVM stop
+        // inlining the fast path's lookups, +118 instructions per message in chains).
+        if sges.len() <= 1 && wr.opcode != WrOpcode::Tso && st.qp_type != QpType::XrcSend {
+            post_one::<1>(f, st, wr, sges, inline, i, &mut state, &mut retired)?;
+        } else {
+            post_many(f, st, wr, sges, inline, chain, i, &mut state, &mut retired)?;
+        }
+    }
+    Ok(())
+}
+
+/// The fast path: runs WR `wr` (one SGE, INLINE or not) if it is the common case, an RC or UC
+/// (`XRC`: an XRC_SEND) SEND, SEND_WITH_IMM or RDMA_WRITE from an RTS queue with nothing
+/// pending, to a ready peer with an RQ or a plain (not tag-matching) SRQ (`XRC`: the XRC SRQ
+/// the request names, behind the connected XRC_RECV QP); returns false, having changed
+/// nothing, for anything else, which then takes the general path (`post_one`, which also
+/// reports every error).
+///
+/// Every check the general path makes runs here too, in the same order of effect: the WR
+/// checks of `prepare` (the opcode is allowed on RC and UC, no IP_CSUM, one SGE within
+/// `max_send_sge`, at most 2^31 bytes, the lkey is an MR of our PD covering the bytes — or,
+/// INLINE, the bytes lie in the fabric and fit `max_inline_data`), the queue space, the destination checks of `exec_wr`, then the rkey checks of an
+/// RDMA WRITE. Only then does anything happen. A SEND's point of no return is taking the
+/// receive request: with none posted it returns false (RNR or a UC drop, decided by the
+/// general path); a request that is not one SGE, or whose buffer does not fit or fails its
+/// checks, is finished by the general code ([`deliver_taken`]), so the receiver sees the
+/// same completion either way.
+#[inline(always)]
+pub(crate) fn post_fast<const XRC: bool>(
+    f: &Fabric,
+    st: &mut SqState,
+    wr: &SendWr,
+    sge: &Sge,
+    state: &mut QpState,
+    retired: &mut u32,
+) -> bool {
+    let op = wr.opcode;
+    let is_send = matches!(op, WrOpcode::Send | WrOpcode::SendWithImm);
+    let type_ok = if XRC { st.qp_type == QpType::XrcSend } else { matches!(st.qp_type, QpType::Rc | QpType::Uc) };
+    if !(is_send || op == WrOpcode::RdmaWrite)
+        || !type_ok
+        || *state != QpState::Rts
+        || !st.pending.is_empty()
+        || st.max_sge == 0
+        || wr.flags.contains(SendFlags::IP_CSUM)
+        || sge.length > 1 << 31
+    {
+        return false;
+    }
+    let len = sge.length as usize;
+    // INLINE (valid for all three opcodes here): the bytes are copied now, so the L_Key is not
+    // checked, but they must lie in the fabric and fit max_inline_data, as `prepare` requires.
+    let src = if wr.flags.contains(SendFlags::INLINE) {
+        if sge.length > st.max_inline {
+            return false;
+        }
+        f.offset_of(sge.addr, sge.length as u64).and_then(|off| f.ptr(off, sge.length as u64))
+    } else {
+        mr_lookup(f, sge.lkey)
+            .filter(|m| !m.window && m.pd == st.pd)
+            .and_then(|m| m.translate(f, sge.addr, sge.length as u64))
+    };
+    let Some(src) = src else {
+        return false;
+    };
+    if st.posted.wrapping_sub(*retired) >= st.depth {
+        *retired = st.slot().sq_retired.load(Ordering::Acquire);
+        if st.posted.wrapping_sub(*retired) >= st.depth {
+            return false;
+        }
+    }
+    let Some(d) = dest(f, &mut st.dest, st.dest_qpn) else { return false };
+    let ds = f.qp_slot(d.idx);
+    let ready = QpState::from_u8(ds.state.load(Ordering::Acquire) as u8).is_some_and(QpState::receives);
+    let peer = if XRC { QpType::XrcRecv } else { st.qp_type };
+    if !ready || ds.dest_qpn.load(Ordering::Relaxed) != st.qpn || d.qp_type != peer {
+        return false;
+    }
+    // XRC: the SRQ the request names, behind the XRC_RECV QP (a wrong one: the general path
+    // reports it).
+    let d = if XRC {
+        match xrc_dest(f, &mut st.xrc_dest, d, wr.remote_srqn) {
+            Some(x) => x,
+            None => return false,
+        }
+    } else {
+        d
+    };
+    let status = if is_send {
+        // An SRQ is consumed with the MPMC pop (`SrqView::take`, which also raises the limit
+        // event); a tag-matching SRQ goes the general way (it may match the message).
+        // (`resolve_dest` gives a target an RQ or an SRQ, never both.)
+        let taken = match (&d.rq, &d.srq) {
+            (Some(rq), _) => recvq::pop(rq, &mut st.rx),
+            (None, Some(srq)) if srq.tm.is_none() => srq_take(f, srq, &mut st.rx),
+            _ => return false,
+        };
+        let pd = d.srq.map_or(d.pd, |s| s.pd);
+        if !taken {
+            return false;
+        }
+        if st.rx.n == 1 && place_one(f, pd, &st.rx.sges[0], src, len) {
+            let imm = op == WrOpcode::SendWithImm;
+            let wc = WorkCompletion {
+                wr_id: st.rx.wr_id,
+                opcode: WcOpcode::Recv,
+                byte_len: len as u32,
+                imm_data: if imm { wr.imm_data } else { 0 },
+                wc_flags: if imm { WcFlags::WITH_IMM } else { WcFlags::empty() },
+                qp_num: d.qpn,
+                src_qp: st.qpn,
+                slid: st.lid,
+                ..Default::default()
+            };
+            push_recv_wc(f, d, &wc, wr.flags.contains(SendFlags::SOLICITED));
+            WcStatus::Success
+        } else {
+            let sender = Sender { qp_type: st.qp_type, qpn: st.qpn, lid: st.lid };
+            deliver_taken_cold(f, sender, &st.rx, d, wr, src, len)
+        }
+    } else {
+        // A dead owner's memory is not written: the general path turns this WR into the
+        // unanswered request that ends in RETRY_EXC_ERR.
+        if d.owner_died() {
+            return false;
+        }
+        let Some(dst) = remote_mr(f, d, wr, AccessFlags::REMOTE_WRITE)
+            .and_then(|m| m.translate(f, wr.remote_addr, sge.length as u64))
+        else {
+            return false;
+        };
+        // SAFETY: `src` was checked against our MR and `dst` against the peer's, both for
+        // `len` bytes inside the fabric; `copy_one` tolerates overlap.
+        unsafe { copy_one(src, dst, len) };
+        WcStatus::Success
+    };
+    let wqe = st.posted;
+    st.posted = st.posted.wrapping_add(1);
+    finish(f, st, wr, wqe, status, 0);
+    if status != WcStatus::Success {
+        *state = QpState::Error;
+    }
+    true
+}
+
+/// The fast path for XRC_SEND QPs: [`post_fast`] with the target SRQ named by the request,
+/// out of line so that RC and UC posts do not carry it.
+#[inline(never)]
+pub(crate) fn post_fast_xrc(
+    f: &Fabric,
+    st: &mut SqState,
+    wr: &SendWr,
+    sge: &Sge,
+    state: &mut QpState,
+    retired: &mut u32,
+) -> bool {
+    post_fast::<true>(f, st, wr, sge, state, retired)
+}
+
+/// `post_one` for a WR with several SGEs, and TSO requests ([`post_tso`]), out of line to
+/// keep the common loop small.
+#[allow(clippy::too_many_arguments)]
+#[inline(never)]
+pub(crate) fn post_many(
+    f: &Fabric,
+    st: &mut SqState,
+    wr: &SendWr,
+    sges: &[Sge],
+    inline: Option<&[u8]>,
+    chain: &SendChain,
+    i: usize,
+    state: &mut QpState,
+    retired: &mut u32,
+) -> std::result::Result<(), PostError> {
+    if wr.opcode == WrOpcode::Tso {
+        return post_tso(f, st, wr, sges, chain.tso_hdr_of(wr), i, state, retired);
+    }
+    if st.qp_type == QpType::XrcSend {
+        if let ([sge], None) = (sges, inline) {
+            if post_fast_xrc(f, st, wr, sge, state, retired) {
+                return Ok(());
+            }
+        }
+    }
+    post_one::<MAX_SGE>(f, st, wr, sges, inline, i, state, retired)
+}
+
+/// Takes the next WQE of the send queue for WR `i` (`wr`), after its checks: ENOMEM when the
+/// queue is full (`retired` re-read once first); `None` when the QP is in ERROR, the WQE
+/// then completed with a flush error.
+#[inline(always)]
+pub(crate) fn claim_wqe(
+    st: &mut SqState,
+    wr: &SendWr,
+    state: QpState,
+    retired: &mut u32,
+    i: usize,
+) -> std::result::Result<Option<u32>, PostError> {
+    if st.posted.wrapping_sub(*retired) >= st.depth {
+        *retired = st.slot().sq_retired.load(Ordering::Acquire);
+        if st.posted.wrapping_sub(*retired) >= st.depth {
+            return Err(PostError::new(Errno::ENOMEM, i, "send queue full (poll completions to free slots)"));
+        }
+    }
+    let wqe = st.posted;
+    st.posted = st.posted.wrapping_add(1);
+    if state == QpState::Error {
+        st.complete(wr, wqe, WcStatus::WrFlushErr, 0);
+        return Ok(None);
+    }
+    Ok(Some(wqe))
+}
+
+/// Checks, accounts and runs WR `i` of a chain (the body of `post_send`'s loop). `N` is the
+/// room for its local segments: at least 1 and `sges.len()`.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub(crate) fn post_one<const N: usize>(
+    f: &Fabric,
+    st: &mut SqState,
+    wr: &SendWr,
+    sges: &[Sge],
+    inline: Option<&[u8]>,
+    i: usize,
+    state: &mut QpState,
+    retired: &mut u32,
+) -> std::result::Result<(), PostError> {
+    let mut segs = [Seg::default(); N];
+    let (n, total, is_inline) = prepare(f, st, wr, sges, inline, i, &mut segs)?;
+    let Some(wqe) = claim_wqe(st, wr, *state, retired, i)? else { return Ok(()) };
+    if !st.pending.is_empty() {
+        st.enqueue(wr, wqe, sges, is_inline.then_some(&segs[..n]));
+        return Ok(());
+    }
+    match exec_wr(f, st, wr, &segs[..n], total) {
+        Outcome::Done(status, len) => {
+            finish(f, st, wr, wqe, status, len);
+            if status != WcStatus::Success {
+                *state = QpState::Error;
+            }
+        }
+        Outcome::Block(kind) => {
+            st.enqueue(wr, wqe, sges, is_inline.then_some(&segs[..n]));
+            st.blocked = None;
+            if !handle_block(f, st, kind) {
+                *state = QpState::Error;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Completes an executed WQE: its CQE if signaled; on failure an error CQE and ERROR.
+#[inline]
+pub(crate) fn finish(f: &Fabric, st: &mut SqState, wr: &SendWr, wqe: u32, status: WcStatus, len: u32) {
+    if status == WcStatus::Success {
+        if st.sig_all || wr.flags.contains(SendFlags::SIGNALED) {
+            st.complete(wr, wqe, status, len);
+        }
+    } else {
+        fail(f, st, wr, wqe, status);
+    }
+}
+
+/// The failure half of `finish`, out of line (rare, and it drags in the flush path).
+#[inline(never)]
+pub(crate) fn fail(f: &Fabric, st: &mut SqState, wr: &SendWr, wqe: u32, status: WcStatus) {
+    st.complete(wr, wqe, status, 0);
+    st.enter_error(f);
+}
+
+pub(crate) fn block_delay(f: &Fabric, st: &SqState, kind: BlockKind) -> Duration {
+    match kind {
+        BlockKind::Rnr => {
+            let code = st.dest.as_ref().map_or(0, |d| f.qp_slot(d.idx).min_rnr_timer.load(Ordering::Relaxed) as u8);
+            Duration::from_nanos(rnr_timer_ns(code))
+        }
+        // An infinite ACK timeout would hang forever on hardware; here the WQE is retried
+        // every millisecond without using up retries.
+        BlockKind::Unreachable => Duration::from_nanos(st.timeout_ns.unwrap_or(1_000_000)),
+    }
+}
+
+/// The WQE at the head of the pending queue could not run. Schedules its retry, or fails it
+/// (and flushes the rest) when no retry is left: `rnr_retry`/`retry_cnt` count retries after
+/// the first attempt, 7 RNR retries mean forever. Returns false when the head failed.
+pub(crate) fn handle_block(f: &Fabric, st: &mut SqState, kind: BlockKind) -> bool {
+    let forever =
+        (kind == BlockKind::Rnr && st.rnr_retry == 7) || (kind == BlockKind::Unreachable && st.timeout_ns.is_none());
+    let left = match st.blocked {
+        // This failure was a retry: it used one up.
+        Some(b) if b.kind == kind => {
+            st.retries += 1;
+            if forever {
+                b.left
+            } else {
+                b.left.saturating_sub(1)
+            }
+        }
+        // First failure of this kind for this WQE.
+        _ => match kind {
+            BlockKind::Rnr => st.rnr_retry,
+            BlockKind::Unreachable => st.retry_cnt,
+        },
+    };
+    let peer_dead = st.dest.as_ref().is_some_and(|d| !pid_alive(d.pid));
+    if peer_dead || (!forever && left == 0) {
+        st.blocked = None;
+        if let Some(p) = st.pending.pop_front() {
+            let status =
+                if kind == BlockKind::Rnr && !peer_dead { WcStatus::RnrRetryExcErr } else { WcStatus::RetryExcErr };
+            finish(f, st, &p.wr, p.wqe, status, 0);
+        }
+        return false;
+    }
+    st.blocked = Some(Blocked { kind, left, next_at: Instant::now() + block_delay(f, st, kind) });
+    true
+}
+
+/// Runs pending WQEs in order while the head can make progress.
+///
+/// An RNR wait ends early when the responder has posted a receive since: a NIC cannot see
+/// the responder's queue and must sleep the whole RNR timer, but this one can, and sleeping
+/// on with a buffer ready only turns a short burst into a 10 µs+ stall (it made `send_bw`
+/// on shm bimodal). The early attempt is not a retry: if it finds the queue empty again
+/// (another sender of an SRQ won the request), the wait, its deadline and the retry count
+/// stay as they were. So `rnr_retry` still counts timer expiries exactly.
+pub(crate) fn run_pending(f: &Fabric, st: &mut SqState) {
+    let mut segs = [Seg::default(); MAX_SGE];
+    while let Some(p) = st.pending.front().copied() {
+        let mut early = false;
+        if let Some(b) = st.blocked {
+            if Instant::now() < b.next_at {
+                if b.kind != BlockKind::Rnr || !st.dest.as_ref().is_some_and(DestView::has_recv) {
+                    return;
+                }
+                early = true;
+            }
+        }
+        let (n, total) = {
+            let (sges, inline) = st.pending_parts(&p);
+            match inline {
+                Some(bytes) => {
+                    segs[0] = Seg { ptr: bytes.as_ptr() as *mut u8, len: bytes.len() };
+                    (1, bytes.len() as u64)
+                }
+                None => {
+                    let need_write = matches!(
+                        p.wr.opcode,
+                        WrOpcode::RdmaRead | WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd
+                    );
+                    let sges: [Sge; MAX_SGE] = std::array::from_fn(|k| sges.get(k).copied().unwrap_or_default());
+                    match resolve_local(f, st.pd, &sges[..p.n_sge as usize], need_write, &mut segs) {
+                        Ok(v) => v,
+                        Err(_) => {
+                            st.pending.pop_front();
+                            finish(f, st, &p.wr, p.wqe, WcStatus::LocProtErr, 0);
+                            return;
+                        }
+                    }
+                }
+            }
+        };
+        match exec_wr(f, st, &p.wr, &segs[..n], total) {
+            Outcome::Done(status, len) => {
+                st.pending.pop_front();
+                st.blocked = None;
+                finish(f, st, &p.wr, p.wqe, status, len);
+                if status != WcStatus::Success {
+                    return;
+                }
+            }
+            Outcome::Block(kind) => {
+                if !(early && kind == BlockKind::Rnr) {
+                    handle_block(f, st, kind);
+                }
+                return;
+            }
+        }
+    }
+}
+
+/// Retries the head of the pending queue if its timer expired; runs what follows.
+pub(crate) fn progress(st: &mut SqState) {
+    if st.state() == QpState::Error {
+        st.flush_pending();
+        return;
+    }
+    let f = st.ctx.fabric.clone();
+    run_pending(&f, st);
+    if st.pending.is_empty() {
+        st.set_pending_registered(false);
+    }
+}
+
+/// Checks, accounts and runs a TSO request on a RAW_PACKET QP (`IBV_WR_TSO`): its header
+/// template (`hdr`, from [`SendChain::push_tso`]) and payload become frames of at most `mss`
+/// payload bytes ([`TsoPlan`]), each switched as a RAW_PACKET send is. One completion (opcode
+/// TSO) for the request. RAW_PACKET QPs never wait (no RNR), so nothing is pending behind
+/// which the frames could overtake an earlier request.
+///
+/// Errors (EINVAL unless said, `bad_wr` = `i`, nothing posted): the opcode on a connected
+/// QP (the seed table); EOPNOTSUPP on UD (the shm provider segments TCP over Ethernet, which a
+/// UD message does not carry); no header, one over [`MAX_TSO_HEADER`], or one
+/// [`TsoPlan::new`] refuses; a payload over [`MAX_TSO`]; a header plus MSS over the port MTU
+/// + 18; the gather list's own checks; ENOMEM on a full send queue.
+#[cold]
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn post_tso(
+    f: &Fabric,
+    st: &mut SqState,
+    wr: &SendWr,
+    sges: &[Sge],
+    hdr: Option<&[u8]>,
+    i: usize,
+    state: &mut QpState,
+    retired: &mut u32,
+) -> std::result::Result<(), PostError> {
+    let einval = |why| PostError::new(Errno::EINVAL, i, why);
+    if !WrOpcode::Tso.allowed_on(st.qp_type) {
+        return Err(einval("opcode not allowed on this QP type (ibv_post_send(3) table)"));
+    }
+    if st.qp_type != QpType::RawPacket {
+        return Err(PostError::new(
+            Errno::EOPNOTSUPP,
+            i,
+            "TSO on UD QPs is not offered by the shm provider (it segments TCP over Ethernet, on RAW_PACKET QPs)",
+        ));
+    }
+    let Some(hdr) = hdr else {
+        return Err(einval("TSO request without a header template (push it with SendChain::push_tso)"));
+    };
+    if hdr.len() > MAX_TSO_HEADER as usize {
+        return Err(einval("TSO header longer than max_tso_header (256)"));
+    }
+    let mut segs = [Seg::default(); MAX_SGE];
+    let (n, total, _) = prepare(f, st, wr, sges, None, i, &mut segs)?;
+    if total > u64::from(MAX_TSO) {
+        return Err(einval("TSO payload larger than max_tso (256 KiB)"));
+    }
+    let plan = TsoPlan::new(hdr, wr.tso_mss(), total as usize).map_err(einval)?;
+    if plan.header_len() + usize::from(wr.tso_mss()) > RAW_MAX_FRAME {
+        return Err(einval("TSO header + MSS larger than the port MTU (4096) + 18 bytes of headers"));
+    }
+    let Some(wqe) = claim_wqe(st, wr, *state, retired, i)? else { return Ok(()) };
+    // Every frame has the template's addresses, EtherType, protocol and ports: one key.
+    let key = FrameKey::parse(hdr);
+    let mut frame = [0u8; RAW_MAX_FRAME];
+    let h = plan.header_len();
+    let mut rest = [Seg::default(); MAX_SGE];
+    for k in 0..plan.frames() {
+        let (off, len) = plan.range(k);
+        let m = skip_prefix(&segs[..n], off, &mut rest);
+        gather_prefix(&rest[..m], &mut frame[h..h + len]);
+        let end = plan.write_frame(hdr, k, &mut frame);
+        let one = [Seg { ptr: frame.as_mut_ptr(), len: end }];
+        switch_frame(f, st, wr, &key, &one, end as u64);
+    }
+    finish(f, st, wr, wqe, WcStatus::Success, 0);
+    Ok(())
+}

@@ -1,0 +1,61 @@
+//! Moving a QP to ERROR in the fabric's QP table (any process may: the sender that found
+//! the error, or the owner), with what the verbs spec says follows: its receive queue is
+//! flushed, or, on an SRQ, its owner gets `IBV_EVENT_QP_LAST_WQE_REACHED`.
+
+use super::cq::{cq_ring, push_cqe, Cqe};
+use super::fabric::Fabric;
+use super::layout::*;
+use super::recvq::{self, RecvEntry, MAX_SGE};
+use crate::verbs::*;
+use std::sync::atomic::Ordering;
+
+/// Moves QP `idx` to ERROR (unless in RESET) and flushes its receive queue (any process may
+/// do this: the sender that found the error, or the owner). QPs on an SRQ get
+/// `IBV_EVENT_QP_LAST_WQE_REACHED` instead.
+pub(crate) fn to_error(f: &Fabric, idx: usize, qpn: u32) {
+    let s = f.qp_slot(idx);
+    if s.qpn.load(Ordering::Acquire) != qpn {
+        return;
+    }
+    let mut cur = s.state.load(Ordering::Acquire);
+    loop {
+        if cur == QpState::Error as u32 || cur == QpState::Reset as u32 {
+            return;
+        }
+        match s.state.compare_exchange(cur, QpState::Error as u32, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => break,
+            Err(c) => cur = c,
+        }
+    }
+    let ctx = s.ctx.load(Ordering::Relaxed) as usize;
+    // XRC QPs have no receive queue to flush (their SRQs belong to the domain, not to them).
+    if QpType::from_u8(s.qp_type.load(Ordering::Relaxed) as u8).is_some_and(QpType::is_xrc) {
+        return;
+    }
+    if s.srqn.load(Ordering::Relaxed) != 0 {
+        f.post_event(ctx, super::EVENT_QP_LAST_WQE, qpn);
+    } else {
+        flush_rq(f, s, qpn);
+    }
+}
+
+/// Completes every request in QP `qpn`'s receive queue with a flush error.
+pub(crate) fn flush_rq(f: &Fabric, s: &QpSlot, qpn: u32) {
+    let cap = s.rq_cap.load(Ordering::Relaxed) as usize;
+    let sge = s.rq_sge.load(Ordering::Relaxed).min(MAX_SGE as u32);
+    let Ok(rq) = f.recv_ring(s.rq_off.load(Ordering::Relaxed), cap, sge) else { return };
+    let Some(cq) = cq_ring(f, s.recv_cqn.load(Ordering::Relaxed)) else { return };
+    let cqn = s.recv_cqn.load(Ordering::Relaxed);
+    let mut e = RecvEntry::default();
+    let mut cq_head = 0;
+    while recvq::pop(&rq, &mut e) {
+        let wc = WorkCompletion {
+            wr_id: e.wr_id,
+            status: WcStatus::WrFlushErr,
+            opcode: WcOpcode::Recv,
+            qp_num: qpn,
+            ..Default::default()
+        };
+        push_cqe(f, &cq, &mut cq_head, cqn, &Cqe { wc, retire: None, solicited: false });
+    }
+}

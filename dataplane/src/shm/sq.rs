@@ -1,0 +1,174 @@
+//! The send queue's state: WQE numbering, the pending queue of WQEs waiting behind an RNR
+//! or a retry (with their SGEs or inline bytes copied), the cached destination, and the
+//! sender's own completions (`complete`). The doorbell and the execution stages work on it;
+//! it calls only downward (completion, the QP table).
+
+use super::cq::{push_cqe_to, CqShared, Cqe};
+use super::dest::{DestView, McastDests};
+use super::fabric::Fabric;
+use super::layout::*;
+use super::place::Seg;
+use super::qp_error::to_error;
+use super::recvq::RecvEntry;
+use super::retry::{self, Waiter};
+use super::CtxInner;
+use crate::verbs::*;
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::Instant;
+
+/// Why a WQE waits.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum BlockKind {
+    /// The responder had no receive posted (RNR NAK).
+    Rnr,
+    /// The responder did not answer (absent, not in RTR/RTS, or connected elsewhere).
+    Unreachable,
+}
+
+/// State of the WQE at the head of the pending queue.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Blocked {
+    pub(crate) kind: BlockKind,
+    pub(crate) left: u8,
+    pub(crate) next_at: Instant,
+}
+
+/// A WQE waiting behind an RNR or a retry.
+#[derive(Clone, Copy)]
+pub(crate) struct Pending {
+    pub wr: SendWr,
+    pub wqe: u32,
+    pub n_sge: u32,
+    /// Bytes of inline data stored in the slot's inline buffer.
+    pub inline_len: Option<u32>,
+}
+
+pub(crate) struct SqState {
+    pub(crate) ctx: Arc<CtxInner>,
+    pub(crate) send_cq: Arc<CqShared>,
+    /// Our cached view of the send CQ's consumer position (`cq::push_cqe`).
+    pub(crate) send_cq_head: std::cell::Cell<u64>,
+    pub(crate) qpn: u32,
+    pub(crate) idx: usize,
+    pub(crate) qp_type: QpType,
+    pub(crate) pd: u32,
+    pub(crate) lid: u16,
+    pub(crate) sig_all: bool,
+    pub(crate) depth: u32,
+    pub(crate) max_sge: u32,
+    pub(crate) max_inline: u32,
+    pub(crate) posted: u32,
+    pub(crate) dest_qpn: u32,
+    pub(crate) qkey: u32,
+    pub(crate) retry_cnt: u8,
+    pub(crate) rnr_retry: u8,
+    pub(crate) timeout_ns: Option<u64>,
+    pub(crate) pending: VecDeque<Pending>,
+    pub(crate) pend_sges: Vec<Sge>,
+    pub(crate) pend_inline: Vec<u8>,
+    pub(crate) blocked: Option<Blocked>,
+    /// Retries made after RNR NAKs and missing responders (for stats).
+    pub(crate) retries: u64,
+    pub(crate) registered_pending: bool,
+    /// This send queue's own cell, for the process-wide waiting list.
+    pub(crate) me: Weak<dyn Waiter>,
+    pub(crate) dest: Option<DestView>,
+    /// XRC_SEND: the target XRC SRQ last sent to, seen through the connected XRC_RECV QP.
+    pub(crate) xrc_dest: Option<DestView>,
+    /// Members of the multicast group last sent to (UD only; built on the first such send).
+    pub(crate) mcast: Option<McastDests>,
+    /// Scratch receive entry (kept here to stay off the stack in the hot path).
+    pub(crate) rx: RecvEntry,
+}
+
+impl SqState {
+    pub(crate) fn fabric(&self) -> &Fabric {
+        &self.ctx.fabric
+    }
+
+    pub(crate) fn slot(&self) -> &QpSlot {
+        self.ctx.fabric.qp_slot(self.idx)
+    }
+
+    pub(crate) fn state(&self) -> QpState {
+        QpState::from_u8(self.slot().state.load(Ordering::Acquire) as u8).unwrap_or(QpState::Error)
+    }
+
+    /// Pushes a completion for send WQE `wqe` into our send CQ.
+    #[inline(always)]
+    pub(crate) fn complete(&self, wr: &SendWr, wqe: u32, status: WcStatus, byte_len: u32) {
+        let cqe = Cqe {
+            wc: WorkCompletion {
+                wr_id: wr.wr_id,
+                status,
+                opcode: wr.opcode.wc_opcode(),
+                byte_len,
+                qp_num: self.qpn,
+                ..Default::default()
+            },
+            retire: Some(wqe),
+            solicited: false,
+        };
+        let mut seen = self.send_cq_head.get();
+        let cq = &*self.send_cq;
+        push_cqe_to(self.fabric(), &cq.ring, &mut seen, cq.cqn, cq.has_channel, &cqe);
+        self.send_cq_head.set(seen);
+    }
+
+    pub(crate) fn set_pending_registered(&mut self, on: bool) {
+        if on != self.registered_pending {
+            self.registered_pending = on;
+            retry::set_waiting(&self.me, on);
+        }
+    }
+
+    /// Stores a WQE at the back of the pending queue, copying its SGEs (or inline bytes).
+    pub(crate) fn enqueue(&mut self, wr: &SendWr, wqe: u32, src: &[Sge], inline: Option<&[Seg]>) {
+        let slot = (wqe % self.depth) as usize;
+        let inline_len = inline.map(|segs| {
+            let m = self.max_inline as usize;
+            let mut at = slot * m;
+            for s in segs {
+                // SAFETY: inline segments point into the fabric (bounds-checked) or the chain's
+                // own bytes, and their total was checked against max_inline_data, so the
+                // destination stays inside this slot's buffer.
+                unsafe { std::ptr::copy(s.ptr, self.pend_inline[at..at + s.len].as_mut_ptr(), s.len) };
+                at += s.len;
+            }
+            (at - slot * m) as u32
+        });
+        let m = self.max_sge as usize;
+        let n = if inline.is_some() { 0 } else { src.len() };
+        self.pend_sges[slot * m..slot * m + n].copy_from_slice(&src[..n]);
+        self.pending.push_back(Pending { wr: *wr, wqe, n_sge: n as u32, inline_len });
+        self.set_pending_registered(true);
+    }
+
+    pub(crate) fn pending_parts(&self, p: &Pending) -> (&[Sge], Option<&[u8]>) {
+        let slot = (p.wqe % self.depth) as usize;
+        let m = self.max_sge as usize;
+        let sges = &self.pend_sges[slot * m..slot * m + p.n_sge as usize];
+        let inline = p.inline_len.map(|l| {
+            let mi = self.max_inline as usize;
+            &self.pend_inline[slot * mi..slot * mi + l as usize]
+        });
+        (sges, inline)
+    }
+
+    /// Completes every pending WQE with a flush error.
+    pub(crate) fn flush_pending(&mut self) {
+        while let Some(p) = self.pending.pop_front() {
+            self.complete(&p.wr, p.wqe, WcStatus::WrFlushErr, 0);
+        }
+        self.blocked = None;
+        self.set_pending_registered(false);
+    }
+
+    /// Moves this QP to ERROR (from any state but RESET) and flushes what it owns.
+    pub(crate) fn enter_error(&mut self, f: &Fabric) {
+        to_error(f, self.idx, self.qpn);
+        self.flush_pending();
+    }
+}
