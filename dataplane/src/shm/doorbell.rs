@@ -269,9 +269,8 @@ pub(crate) fn post_fast<const XRC: bool>(
         else {
             return false;
         };
-        // SAFETY: `src` was checked against our MR and `dst` against the peer's, both for
-        // `len` bytes inside the fabric; `copy_one` tolerates overlap.
-        unsafe { copy_one(src, dst, len) };
+        // `src` was checked against our MR and `dst` against the peer's, both for `len` bytes.
+        copy_translated(src, dst, len);
         WcStatus::Success
     };
     let wqe = st.posted;

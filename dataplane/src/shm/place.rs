@@ -154,13 +154,24 @@ pub(crate) fn place_one(f: &Fabric, pd: u32, r: &Sge, src: *mut u8, len: usize) 
         .and_then(|m| m.translate(f, r.addr, cap));
     match dst {
         Some(dst) if len as u64 <= cap => {
-            // SAFETY: `src` was checked for `len` bytes against the sender's MR, `dst` for
-            // `cap >= len` bytes against the receiver's; `copy_one` tolerates overlap.
-            unsafe { copy_one(src, dst, len) };
+            // `src` was checked for `len` bytes against the sender's MR, `dst` for `cap >= len`
+            // bytes against the receiver's.
+            copy_translated(src, dst, len);
             true
         }
         _ => false,
     }
+}
+
+/// Copies `len` bytes between two ranges that were translated through the MR table for at
+/// least `len` bytes each (the sender's lkey, and the target's rkey or receive lkey), as
+/// every `Seg` is. Overlap is allowed (a loopback QP may write into its own buffer).
+#[inline(always)]
+pub(crate) fn copy_translated(src: *mut u8, dst: *mut u8, len: usize) {
+    // SAFETY: both ranges are inside the fabric and hold `len` bytes (the contract above,
+    // kept by every caller: they pass pointers `MrView::translate` returned for `len`
+    // bytes); `copy_one` tolerates overlap.
+    unsafe { copy_one(src, dst, len) }
 }
 
 /// Copies the first `out.len()` bytes of the gather list into `out`.

@@ -7,7 +7,7 @@ use super::cq::{push_cqe_to, CqShared, Cqe};
 use super::dest::{DestView, McastDests};
 use super::fabric::Fabric;
 use super::layout::*;
-use super::place::Seg;
+use super::place::{gather_prefix, Seg};
 use super::qp_error::to_error;
 use super::recvq::RecvEntry;
 use super::retry::{self, Waiter};
@@ -128,16 +128,12 @@ impl SqState {
     pub(crate) fn enqueue(&mut self, wr: &SendWr, wqe: u32, src: &[Sge], inline: Option<&[Seg]>) {
         let slot = (wqe % self.depth) as usize;
         let inline_len = inline.map(|segs| {
-            let m = self.max_inline as usize;
-            let mut at = slot * m;
-            for s in segs {
-                // SAFETY: inline segments point into the fabric (bounds-checked) or the chain's
-                // own bytes, and their total was checked against max_inline_data, so the
-                // destination stays inside this slot's buffer.
-                unsafe { std::ptr::copy(s.ptr, self.pend_inline[at..at + s.len].as_mut_ptr(), s.len) };
-                at += s.len;
-            }
-            (at - slot * m) as u32
+            // Their total was checked against max_inline_data, so it fits this slot's buffer
+            // (a slice index, so a wrong total panics instead of writing past it).
+            let total: usize = segs.iter().map(|s| s.len).sum();
+            let at = slot * self.max_inline as usize;
+            gather_prefix(segs, &mut self.pend_inline[at..at + total]);
+            total as u32
         });
         let m = self.max_sge as usize;
         let n = if inline.is_some() { 0 } else { src.len() };

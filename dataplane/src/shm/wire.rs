@@ -24,9 +24,9 @@
 //! (for example `CqeRecord::decode_in`) decides what an unknown status or opcode means. The
 //! layout is part of the fabric's layout version (`layout::VERSION`).
 
-use super::cell::{fits, CellRef, Plain};
 #[cfg(test)]
 use super::cell::CellMut;
+use super::cell::{fits, CellRef, Plain};
 use super::ring::{Pop, Ring};
 use crate::verbs::{Sge, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 use std::mem::size_of;
