@@ -382,6 +382,25 @@ pub trait Srq {
     fn srq_num(&self) -> u32;
     /// Posts receive WRs (`ibv_post_srq_recv`); same errors as [`Qp::post_recv`].
     fn post_recv(&mut self, chain: &RecvChain) -> std::result::Result<(), PostError>;
+    /// Posts one receive of one SGE per address in `addrs`: `len` bytes of the MR `lkey`
+    /// each, the address as its `wr_id` (what a replenisher posts). Exactly
+    /// [`Srq::post_recv`] of that chain: the same checks, errors and `bad_wr` (the index in
+    /// `addrs`), nothing after the first failure posted. The default builds the chain in
+    /// `scratch` (reused, so it allocates only while growing) and posts it; `shm` skips the
+    /// chain and checks the MR once for all the addresses.
+    fn post_recv_buffers(
+        &mut self,
+        addrs: &[u64],
+        len: u32,
+        lkey: u32,
+        scratch: &mut RecvChain,
+    ) -> std::result::Result<(), PostError> {
+        scratch.clear();
+        for &a in addrs {
+            scratch.push(crate::verbs::RecvWr::new(a), &[crate::verbs::Sge::new(a, len, lkey)]);
+        }
+        self.post_recv(scratch)
+    }
     /// `ibv_modify_srq`: arm the limit or resize. Errors: `EINVAL` for a limit above
     /// `max_wr`, `EOPNOTSUPP` for a resize the provider cannot do.
     fn modify(&mut self, attr: &SrqAttr, mask: SrqAttrMask) -> Result<()>;

@@ -134,6 +134,35 @@ pub(crate) fn post(
     Ok(())
 }
 
+/// [`post`] of one single-SGE request per address (`len` bytes of MR `lkey`, the address as
+/// `wr_id`), without a chain: the same checks in the same order, so the same errors and
+/// `bad_wr` (the MR's key, PD and LOCAL_WRITE are looked up once, as `post` does for a chain
+/// whose SGEs share an lkey; the bounds are checked per address).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn post_buffers(
+    f: &Fabric,
+    ring: &RecvRing,
+    bound: &mut RecvBound,
+    pd: u32,
+    max_sge: u32,
+    addrs: &[u64],
+    len: u32,
+    lkey: u32,
+) -> Result<(), PostError> {
+    if max_sge == 0 && !addrs.is_empty() {
+        return Err(PostError::new(Errno::EINVAL, 0, "more SGEs than the queue's max_sge"));
+    }
+    let mut last = None;
+    for (i, &addr) in addrs.iter().enumerate() {
+        let s = Sge::new(addr, len, lkey);
+        validate_sge(f, pd, &s, i, &mut last)?;
+        if !push_one(ring, bound, addr, &s) {
+            return Err(PostError::new(Errno::ENOMEM, i, "receive queue full"));
+        }
+    }
+    Ok(())
+}
+
 /// [`push`] for a request of one SGE.
 #[inline(always)]
 fn push_one(ring: &RecvRing, bound: &mut RecvBound, wr_id: u64, s: &Sge) -> bool {

@@ -276,6 +276,17 @@ impl crate::provider::Srq for ShmSrq {
         recvq::post(&sh.ctx.fabric, &sh.ring, &mut self.bound, sh.pd, sh.max_sge, chain)
     }
 
+    fn post_recv_buffers(
+        &mut self,
+        addrs: &[u64],
+        len: u32,
+        lkey: u32,
+        _scratch: &mut RecvChain,
+    ) -> std::result::Result<(), PostError> {
+        let sh = &*self.shared;
+        recvq::post_buffers(&sh.ctx.fabric, &sh.ring, &mut self.bound, sh.pd, sh.max_sge, addrs, len, lkey)
+    }
+
     fn modify(&mut self, attr: &SrqAttr, mask: SrqAttrMask) -> Result<()> {
         if mask.contains(SrqAttrMask::MAX_WR) {
             return Err(Error::new(Errno::EOPNOTSUPP, "the shm provider cannot resize an SRQ"));

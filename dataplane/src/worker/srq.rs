@@ -8,13 +8,16 @@
 use super::stats::WorkerCounters;
 use crate::mem::{Buf, BufferPool, PoolCache};
 use crate::provider::Srq;
-use crate::verbs::{RecvChain, RecvWr, Sge, SrqAttr, SrqAttrMask};
+use crate::verbs::{RecvChain, SrqAttr, SrqAttrMask};
 
 /// Keeps one SRQ filled.
 pub struct Replenisher<S: Srq> {
     pub(crate) srq: S,
+    /// Scratch for providers that post a refill as a chain ([`Srq::post_recv_buffers`]).
     chain: RecvChain,
-    /// The buffers of `chain`, in order (so the bookkeeping after the post need not map each
+    /// The addresses of the buffers of a refill, posted in one call.
+    addrs: Vec<u64>,
+    /// The buffers of `addrs`, in order (so the bookkeeping after the post need not map each
     /// `wr_id` back to its buffer).
     bufs: Vec<Buf>,
     depth: u32,
@@ -36,6 +39,7 @@ impl<S: Srq> Replenisher<S> {
         Replenisher {
             srq,
             chain: RecvChain::with_capacity(depth as usize, depth as usize),
+            addrs: Vec::with_capacity(depth as usize),
             bufs: Vec::with_capacity(depth as usize),
             depth,
             low: low.min(depth.saturating_sub(1)),
@@ -100,18 +104,18 @@ impl<S: Srq> Replenisher<S> {
     /// Posts `depth - posted` buffers (as many as the pool gives) in one chain.
     pub fn refill(&mut self, cache: &mut PoolCache, w: &WorkerCounters) -> bool {
         let want = self.depth - self.posted;
-        self.chain.clear();
+        self.addrs.clear();
         self.bufs.clear();
         for _ in 0..want {
             let Some(buf) = cache.get() else { break };
-            self.chain.push(RecvWr::new(buf.addr()), &[Sge::new(buf.addr(), self.buf_len, self.lkey)]);
+            self.addrs.push(buf.addr());
             self.bufs.push(buf);
         }
-        if self.chain.is_empty() {
+        if self.addrs.is_empty() {
             return false;
         }
-        let n = self.chain.len();
-        let ok = match self.srq.post_recv(&self.chain) {
+        let n = self.addrs.len();
+        let ok = match self.srq.post_recv_buffers(&self.addrs, self.buf_len, self.lkey, &mut self.chain) {
             Ok(()) => n,
             Err(e) => {
                 w.errors.add(1);
@@ -132,7 +136,6 @@ impl<S: Srq> Replenisher<S> {
             w.srq_posted.add(ok as u64);
             self.arm();
         }
-        self.chain.clear();
         true
     }
 

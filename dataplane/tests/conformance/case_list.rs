@@ -46,6 +46,7 @@ suite!(ShmHarness;
     srq_create_bad_sizes_einval,
     srq_full_enomem,
     srq_chain_stops_at_first_bad,
+    srq_post_recv_buffers_is_post_recv_of_its_chain,
     recv_consumed_by_send_imm_and_write_imm_only,
     srq_consumed_by_send_imm_and_write_imm_only,
     recv_sge_length_zero_is_2g,

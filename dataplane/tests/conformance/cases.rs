@@ -1175,6 +1175,44 @@ pub fn srq_chain_stops_at_first_bad<H: Harness>(t: &str) {
     assert_no_completion(&mut s.b.rcq);
 }
 
+/// `Srq::post_recv_buffers` (the replenisher's refill: one single-SGE receive per address,
+/// the address as `wr_id`) is `ibv_post_srq_recv` of that chain: it stops at the first bad
+/// address with `bad_wr` its index and the ones before it posted (where SGEs are checked at
+/// post time), an unknown lkey fails the first, a full SRQ gives ENOMEM at the first that
+/// does not fit, and the receives are consumed in order into the right buffers.
+pub fn srq_post_recv_buffers_is_post_recv_of_its_chain<H: Harness>(t: &str) {
+    let mut s = SrqSide::<H>::new(t, 0, 8);
+    let n = s.srq.query().unwrap().max_wr as usize;
+    let lkey = s.b.mr.lkey();
+    let mut scratch = RecvChain::new();
+    let mut posted: Vec<u64> = Vec::new();
+    if H::sge_checked_at_post() {
+        let addrs = [s.b.addr(RX), s.b.addr(RX + 64), s.b.addr(BUF - 32), s.b.addr(RX + 128)];
+        expect_post_err(s.srq.post_recv_buffers(&addrs, 64, lkey, &mut scratch), Errno::EINVAL, 2);
+        posted.extend(&addrs[..2]);
+        let r = s.srq.post_recv_buffers(&[s.b.addr(RX + 128)], 64, lkey ^ 0x0077_7000, &mut scratch);
+        expect_post_err(r, Errno::EINVAL, 0);
+    }
+    let more: Vec<u64> = (posted.len()..n + 1).map(|i| s.b.addr(RX + i * 64)).collect();
+    expect_post_err(s.srq.post_recv_buffers(&more, 64, lkey, &mut scratch), Errno::ENOMEM, n - posted.len());
+    posted.extend(&more[..n - posted.len()]);
+    let mut qb = s.qp(QpType::Rc);
+    let (mut a, mut qa) = sender_to::<H>(t, 1, &mut qb, &ConnOpts::default());
+    let mut sc = SendChain::new();
+    for i in 0..n {
+        a.write(i * 16, &[i as u8 + 1; 16]);
+        sc.push(SendWr::send(i as u64).signaled(), &[a.sge(i * 16, 16)]);
+    }
+    qa.post_send(&sc).unwrap();
+    assert_eq!(poll_n(&mut a.scq, n).iter().filter(|w| w.is_ok()).count(), n);
+    let r = poll_n(&mut s.b.rcq, n);
+    assert_eq!(r.iter().map(|w| w.wr_id).collect::<Vec<_>>(), posted);
+    for (i, &addr) in posted.iter().enumerate() {
+        assert_eq!(s.b.read((addr - s.b.addr(0)) as usize, 16), [i as u8 + 1; 16], "buffer {i}");
+    }
+    assert_no_completion(&mut s.b.rcq);
+}
+
 /// The sequence of the srq notes' "Which operations will consume RRs?": Send, Send with
 /// Immediate and RDMA Write with immediate consume one each; RDMA Write consumes none. The
 /// WRITE_WITH_IMM data lands at remote_addr (not in the RR's buffer) and the completion is
