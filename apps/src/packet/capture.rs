@@ -13,7 +13,7 @@
 //! a forwarding path measured for its rate.
 
 use dataplane::net::pcap::{PcapFile, PcapWriter, SNAPLEN};
-use dataplane::pipeline::{Handler, Msg, StageCx, StageReport};
+use dataplane::pipeline::{due_at_rate, Handler, Msg, StageCx, StageReport};
 use serde::Deserialize;
 use std::fs::File;
 use std::io::BufWriter;
@@ -191,14 +191,7 @@ impl PcapReplay {
         let data = std::fs::read(&p.path).map_err(|e| format!("path {}: {e}", p.path.display()))?;
         let frames: Vec<(usize, usize)> = {
             let file = PcapFile::parse(&data).map_err(|e| format!("path {}: {e}", p.path.display()))?;
-            let base = data.as_ptr() as usize;
-            file.records()
-                .iter()
-                .map(|r| {
-                    let f = file.frame(r);
-                    (f.as_ptr() as usize - base, f.len())
-                })
-                .collect()
+            file.records().iter().map(|r| (r.range().start, r.range().len())).collect()
         };
         if frames.is_empty() {
             return Err(format!("path {}: the capture has no frames", p.path.display()));
@@ -244,8 +237,7 @@ impl Handler for PcapReplay {
         if self.rate != 0 {
             let now = cx.now_ns();
             let elapsed = now - *self.start_ns.get_or_insert(now);
-            let due = (u128::from(elapsed) * u128::from(self.rate) / 1_000_000_000) as u64 + 1;
-            n = n.min(due.saturating_sub(self.sent + self.too_long));
+            n = n.min(due_at_rate(elapsed, self.rate).saturating_sub(self.sent + self.too_long));
         }
         // One frame per step, sent or skipped as too long: a file of frames all too long for
         // the pool cannot keep the loop here.

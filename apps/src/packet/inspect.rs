@@ -23,40 +23,69 @@ pub(super) struct ParseParams {
     verify_ipv4_checksum: bool,
 }
 
-/// What `parse` counts, besides malformed frames.
-const CLASSES: [&str; 9] = ["ipv4", "ipv6", "arp", "other_ethertype", "tcp", "udp", "icmp", "vlan_tagged", "fragments"];
+/// What `parse` counts of the frames that parsed (reported under these names).
+#[derive(Debug, Default, Clone, Copy)]
+struct Classes {
+    ipv4: u64,
+    ipv6: u64,
+    arp: u64,
+    other_ethertype: u64,
+    tcp: u64,
+    udp: u64,
+    icmp: u64,
+    vlan_tagged: u64,
+    /// IPv4 fragments after the first (no transport header of their own).
+    fragments: u64,
+}
+
+impl Classes {
+    fn count(&mut self, h: &Headers) {
+        match h.network {
+            Network::Ipv4 { later_fragment, .. } => {
+                self.ipv4 += 1;
+                self.fragments += u64::from(later_fragment);
+            }
+            Network::Ipv6 { .. } => self.ipv6 += 1,
+            Network::Arp => self.arp += 1,
+            Network::Other => self.other_ethertype += 1,
+        }
+        match h.transport {
+            Transport::Tcp { .. } => self.tcp += 1,
+            Transport::Udp { .. } => self.udp += 1,
+            Transport::Icmp { .. } => self.icmp += 1,
+            Transport::None => {}
+        }
+        self.vlan_tagged += u64::from(h.vlans > 0);
+    }
+
+    /// The counts with their report names, in a fixed order.
+    fn named(&self) -> [(&'static str, u64); 9] {
+        [
+            ("ipv4", self.ipv4),
+            ("ipv6", self.ipv6),
+            ("arp", self.arp),
+            ("other_ethertype", self.other_ethertype),
+            ("tcp", self.tcp),
+            ("udp", self.udp),
+            ("icmp", self.icmp),
+            ("vlan_tagged", self.vlan_tagged),
+            ("fragments", self.fragments),
+        ]
+    }
+}
 
 /// Checks and classifies frames: well-formed ones go to output 0, malformed ones to output 1
 /// (if the stage has one) or are dropped.
 pub struct Parse {
     verify: bool,
-    classes: [u64; CLASSES.len()],
+    classes: Classes,
+    /// Refused frames per reason, indexed by `Malformed as usize`.
     malformed: [u64; Malformed::ALL.len()],
 }
 
 impl Parse {
     pub(super) fn new(p: &ParseParams) -> Parse {
-        Parse { verify: p.verify_ipv4_checksum, classes: [0; CLASSES.len()], malformed: [0; Malformed::ALL.len()] }
-    }
-
-    fn count(&mut self, h: &Headers) {
-        let c = &mut self.classes;
-        match h.network {
-            Network::Ipv4 { later_fragment, .. } => {
-                c[0] += 1;
-                c[8] += u64::from(later_fragment);
-            }
-            Network::Ipv6 { .. } => c[1] += 1,
-            Network::Arp => c[2] += 1,
-            Network::Other => c[3] += 1,
-        }
-        match h.transport {
-            Transport::Tcp { .. } => c[4] += 1,
-            Transport::Udp { .. } => c[5] += 1,
-            Transport::Icmp { .. } => c[6] += 1,
-            Transport::None => {}
-        }
-        c[7] += u64::from(h.vlans > 0);
+        Parse { verify: p.verify_ipv4_checksum, classes: Classes::default(), malformed: [0; Malformed::ALL.len()] }
     }
 }
 
@@ -74,7 +103,7 @@ impl Handler for Parse {
     fn on_message(&mut self, msg: Msg, cx: &mut StageCx<'_>) {
         match Headers::parse(cx.bytes(&msg), self.verify) {
             Ok(h) => {
-                self.count(&h);
+                self.classes.count(&h);
                 cx.send(0, msg);
             }
             Err(why) => {
@@ -85,7 +114,7 @@ impl Handler for Parse {
     }
 
     fn report(&self) -> StageReport {
-        let mut values: Vec<_> = CLASSES.iter().copied().zip(self.classes).collect();
+        let mut values: Vec<_> = self.classes.named().to_vec();
         values.extend(Malformed::ALL.iter().map(|m| (m.name(), self.malformed[*m as usize])));
         StageReport { values, ..Default::default() }
     }

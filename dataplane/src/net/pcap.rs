@@ -81,6 +81,14 @@ pub struct Record {
     len: usize,
 }
 
+impl Record {
+    /// Where the kept bytes lie in the file's data (what [`PcapFile::frame`] slices): for a
+    /// caller that keeps the data and indexes the frames itself.
+    pub fn range(&self) -> std::ops::Range<usize> {
+        self.offset..self.offset + self.len
+    }
+}
+
 /// The largest record a file may hold (`incl_len`): 256 KiB, libpcap's own maximum snap length.
 pub const MAX_RECORD: u32 = 262_144;
 
@@ -150,7 +158,7 @@ impl<'a> PcapFile<'a> {
 
     /// The bytes kept of record `r`.
     pub fn frame(&self, r: &Record) -> &'a [u8] {
-        &self.data[r.offset..r.offset + r.len]
+        &self.data[r.range()]
     }
 }
 

@@ -179,8 +179,7 @@ impl Handler for Source {
         }
         let mut n = cx.room().min(self.burst) as u64;
         if l.rate != 0 {
-            let due = (elapsed as u128 * l.rate as u128 / 1_000_000_000) as u64 + 1;
-            n = n.min(due.saturating_sub(self.sent));
+            n = n.min(super::due_at_rate(elapsed, l.rate).saturating_sub(self.sent));
         }
         if l.count != 0 {
             n = n.min(l.count - self.sent);

@@ -57,6 +57,15 @@ impl Clock {
     }
 }
 
+/// Messages a source pacing itself to `rate` per second has due `elapsed_ns` after its first
+/// (which is due at once); saturates at `u64::MAX`. The built-in `source` and the packet
+/// apps' pcap replay pace with it.
+#[inline]
+pub fn due_at_rate(elapsed_ns: u64, rate: u64) -> u64 {
+    let due = u128::from(elapsed_ns) * u128::from(rate) / 1_000_000_000;
+    u64::try_from(due).unwrap_or(u64::MAX).saturating_add(1)
+}
+
 impl Default for Clock {
     fn default() -> Self {
         Clock::new()
@@ -373,5 +382,18 @@ pub fn read_u64(b: &[u8], off: usize) -> u64 {
 pub fn write_u64(b: &mut [u8], off: usize, v: u64) {
     if let Some(s) = b.get_mut(off..off + 8) {
         s.copy_from_slice(&v.to_le_bytes());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn pacing_counts_the_first_message_due_at_once_and_saturates() {
+        use super::due_at_rate;
+        assert_eq!(due_at_rate(0, 1000), 1);
+        assert_eq!(due_at_rate(999_999, 1000), 1);
+        assert_eq!(due_at_rate(1_000_000, 1000), 2);
+        assert_eq!(due_at_rate(1_000_000_000, 1000), 1001);
+        assert_eq!(due_at_rate(u64::MAX, u64::MAX), u64::MAX);
     }
 }
