@@ -127,11 +127,19 @@ pub(crate) fn post(
             validate_with(f, pd, max_sge, sges, i, &mut last)?;
             push(ring, bound, wr.wr_id, sges)
         };
-        if !pushed {
+        if !pushed && !retry_held(ring, bound, |b| push(ring, b, wr.wr_id, sges)) {
             return Err(PostError::new(Errno::ENOMEM, i, "receive queue full"));
         }
     }
     Ok(())
+}
+
+/// A refused push: pushes again if the refusal was a cell a consumer claimed and had not freed
+/// yet, once it is freed ([`super::ring::Ring::wait_held_cell`]).
+#[cold]
+#[inline(never)]
+fn retry_held(ring: &RecvRing, bound: &mut RecvBound, push: impl FnOnce(&mut RecvBound) -> bool) -> bool {
+    ring.wait_held_cell(bound.limit, &mut bound.head_seen) && push(bound)
 }
 
 /// [`post`] of one single-SGE request per address (`len` bytes of MR `lkey`, the address as
@@ -152,6 +160,39 @@ pub(crate) fn post_buffers(
     if max_sge == 0 && !addrs.is_empty() {
         return Err(PostError::new(Errno::EINVAL, 0, "more SGEs than the queue's max_sge"));
     }
+    match post_buffers_from(f, ring, bound, pd, addrs, len, lkey) {
+        Err(e) if e.errno == Errno::ENOMEM => {
+            let mut e = e;
+            // As in `post`: a cell a consumer still holds; once it is freed, the rest.
+            while ring.wait_held_cell(bound.limit, &mut bound.head_seen) {
+                match post_buffers_from(f, ring, bound, pd, &addrs[e.bad_wr..], len, lkey) {
+                    Err(mut again) => {
+                        again.bad_wr += e.bad_wr;
+                        if again.errno != Errno::ENOMEM {
+                            return Err(again);
+                        }
+                        e = again;
+                    }
+                    Ok(()) => return Ok(()),
+                }
+            }
+            Err(e)
+        }
+        r => r,
+    }
+}
+
+/// The loop of [`post_buffers`] (`bad_wr` is the index in `addrs`).
+#[inline(always)]
+fn post_buffers_from(
+    f: &Fabric,
+    ring: &RecvRing,
+    bound: &mut RecvBound,
+    pd: u32,
+    addrs: &[u64],
+    len: u32,
+    lkey: u32,
+) -> Result<(), PostError> {
     let mut last = None;
     for (i, &addr) in addrs.iter().enumerate() {
         let s = Sge::new(addr, len, lkey);

@@ -62,6 +62,12 @@ pub(crate) struct RingHeader {
 /// a row do not happen on a healthy ring, and the bound costs well under a millisecond.
 pub(crate) const MAX_REREADS: u32 = 1 << 16;
 
+/// How long a bounded push's producer waits for a consumer to free a cell it claimed
+/// ([`Ring::wait_held_cell`]): far longer than the few instructions between the two, unless
+/// that consumer was descheduled (a scheduler tick is a few ms) or died.
+#[cfg(not(loom))]
+pub(crate) const HELD_CELL_PATIENCE: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Bytes the header occupies before the first cell.
 pub(crate) const RING_HEADER_LEN: usize = std::mem::size_of::<RingHeader>();
 
@@ -251,7 +257,8 @@ impl Ring {
     /// cells the producer would then meet it `max_wr` posts later and report the queue full
     /// although fewer than `max_wr` requests are outstanding. With twice the cells, the count
     /// of unclaimed requests bounds the queue at `limit`, and a cell still held is met only
-    /// if its consumer stayed descheduled while the others claimed `limit` more.
+    /// if its consumer stayed descheduled while the others claimed `limit` more; the caller
+    /// then waits for it with [`Ring::wait_held_cell`] and pushes again.
     ///
     /// `head_seen` is the producer's cached `head` (as in the head-tracked protocol): it is
     /// re-read (Acquire: a fresh `head` means those cells' claims happened) only when the
@@ -269,6 +276,63 @@ impl Ring {
             }
         }
         self.push_single(fill)
+    }
+
+    /// After [`Ring::push_single_bounded`] refused: whether that was a cell a consumer has
+    /// claimed and not yet freed, and it is free now (push again). The count said fewer than
+    /// `limit` (< capacity) requests unclaimed, so the cell's last request was claimed; its
+    /// consumer was descheduled between its claim and its free, a few instructions apart,
+    /// while other consumers took `limit` more (seen on the 2-core VM with 16 QPs on one SRQ,
+    /// the poster's own CQ polls progressing the other QPs' sends: about 1 run in 6 of
+    /// `dp-perf send_bw --use-srq -q 16` failed with ENOMEM). The queue is not full, so
+    /// refusing would break `ibv_post_srq_recv`'s contract: wait for the free, up to
+    /// [`HELD_CELL_PATIENCE`]. A consumer that died between claim and free never frees it:
+    /// then false, and the queue has lost that cell for good. False at once when the refusal
+    /// was the count, or the cell holds anything but a claimed request (a hostile peer's
+    /// scribble). Called on the refusal path only, so the push itself is unchanged.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn wait_held_cell(&self, limit: u64, head_seen: &mut u64) -> bool {
+        if limit >= self.capacity() {
+            return false;
+        }
+        let hdr = self.hdr();
+        let pos = hdr.tail.load(Ordering::Relaxed);
+        *head_seen = hdr.head.load(Ordering::Acquire);
+        if pos.wrapping_sub(*head_seen) >= limit {
+            return false;
+        }
+        let seq = self.cell(pos).1;
+        let held = pos.wrapping_sub(self.capacity()).wrapping_add(1);
+        #[cfg(not(loom))]
+        let deadline = std::time::Instant::now() + HELD_CELL_PATIENCE;
+        let mut spins = 0u32;
+        loop {
+            let s = seq.load(Ordering::Acquire);
+            if s == pos {
+                return true;
+            }
+            if s != held {
+                return false;
+            }
+            spins += 1;
+            #[cfg(loom)]
+            {
+                if spins > 2 {
+                    return false;
+                }
+                loom::thread::yield_now();
+            }
+            #[cfg(not(loom))]
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                if spins % 64 == 0 && std::time::Instant::now() >= deadline {
+                    return false;
+                }
+                std::thread::yield_now();
+            }
+        }
     }
 
     /// Takes the oldest entry, letting `read` copy its payload out. Safe for many consumers.
@@ -571,7 +635,9 @@ mod tests {
     /// goes on: on a ring of exactly `limit` cells the producer meets the held cell and
     /// refuses with no request unclaimed (the SRQ bug the fan-out pipeline hit); the bounded
     /// push over twice the cells takes `limit` more and then refuses on the count, not on the
-    /// held cell.
+    /// held cell; and when the others have taken those too, the producer waits for the held
+    /// cell to be freed (the `dp-perf send_bw --use-srq -q 16` failure, about 1 run in 6)
+    /// instead of refusing with the queue not full.
     #[test]
     fn a_consumer_descheduled_mid_pop_does_not_make_a_bounded_ring_full() {
         // Claims the cell at `head` like `pop` does, without freeing it.
@@ -609,7 +675,33 @@ mod tests {
             assert!(r.push_single_bounded(4, &mut seen, fill(i)), "push {i} refused with {} queued", r.len());
         }
         assert!(!r.push_single_bounded(4, &mut seen, fill(9)), "the count bounds it again");
+        assert!(!r.wait_held_cell(4, &mut seen), "refused on the count: no wait");
         assert_eq!(r.len(), 4);
+        // The others take the 4 queued: the next push needs the held cell (position 8, the
+        // cell of position 0), and is refused. Nobody frees it: the wait gives up after the
+        // patience.
+        for _ in 0..4 {
+            assert!(matches!(r.pop(|_| {}), Pop::Item));
+        }
+        assert!(!r.push_single_bounded(4, &mut seen, fill(8)), "the held cell");
+        let t = std::time::Instant::now();
+        assert!(!r.wait_held_cell(4, &mut seen), "a cell never freed");
+        assert!(t.elapsed() >= HELD_CELL_PATIENCE);
+        // Its consumer frees it 20 ms into the wait: the wait says so, the push succeeds.
+        let start = std::time::Instant::now();
+        std::thread::scope(|sc| {
+            sc.spawn(|| {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                // What `pop` stores after reading: position 0 + capacity.
+                r.cell(0).1.store(8, Ordering::Release);
+            });
+            assert!(r.wait_held_cell(4, &mut seen), "waited for the held cell");
+        });
+        assert!(start.elapsed() >= std::time::Duration::from_millis(20));
+        assert!(r.push_single_bounded(4, &mut seen, fill(8)));
+        assert!(matches!(r.pop(|c| assert_eq!(c.get::<u64>(0), 8)), Pop::Item));
+        // A ring bounded by its cells alone (a QP's receive queue) never waits: full is full.
+        assert!(!r.wait_held_cell(u64::MAX, &mut seen));
         // A head beyond the tail (a hostile peer) reads as full.
         r.hdr().head.store(100, Ordering::Relaxed);
         let mut seen = 0;
