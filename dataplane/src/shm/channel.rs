@@ -117,7 +117,7 @@ impl ShmCompChannel {
             if let Some(cqn) = ch.pop() {
                 return Ok(Some(cqn));
             }
-            super::retry::progress_waiting();
+            super::retry::progress_all_waiting();
             if let Some(cqn) = ch.pop() {
                 return Ok(Some(cqn));
             }
