@@ -1,15 +1,15 @@
-//! The doorbell: executing send WQEs on the poster's CPU.
+//! Execution: what a posted WR does, one function per transport, run on the poster's CPU
+//! right after the doorbell (`doorbell.rs`) accepted it. `exec_wr` runs RC, UC and XRC
+//! operations (SEND, WRITE, READ, atomics, memory windows), `exec_ud` and `exec_mcast`
+//! datagrams, `exec_raw` RAW_PACKET frames through the L2 switch. The responder's side is here
+//! too: `deliver` takes a receive request at the destination (`dest.rs`), places the bytes
+//! (`place.rs`) and writes the receiver's completion (`cq.rs`), or decides RNR (RC, no
+//! receive posted), the silent drop (UC, UD) or the error that moves both QPs to ERROR (a
+//! receive too small, a bad receive SGE); `tm_match` runs tag matching.
 //!
-//! `post_send` validates each WR (errors that "can be detected immediately" return `bad_wr`)
-//! and runs it at once: it takes a receive request from the target's RQ or SRQ, copies the
-//! gather list into the receive buffers, and writes the receiver's completion and (if
-//! signaled) the sender's. A WQE that cannot run yet (RC: no receive posted, or the target not
-//! ready) waits in the QP's pending queue with everything behind it, and is retried after the
-//! RNR timer or ACK timeout from the send CQ's `poll` or the next `post_send`, until its retry
-//! count runs out.
-//!
-//! Every address and length that comes from shared memory (a peer's receive request, an rkey)
-//! is checked against the MR table and the fabric bounds before a byte moves.
+//! An `Outcome::Block` sends the WR back to the doorbell's pending queue. Every address and
+//! length that comes from shared memory (a peer's receive request, an rkey) is checked against
+//! the MR table and the fabric bounds before a byte moves.
 
 use super::cq::{push_cqe_to, Cqe};
 use super::dest::*;

@@ -1,5 +1,5 @@
 //! Queue pairs of the `shm` provider: the state machine, `post_recv`, and `post_send`, whose
-//! doorbell executes the chain on the poster's CPU (see [`super::exec`]).
+//! doorbell executes the chain on the poster's CPU (see [`super::doorbell`]).
 //!
 //! The send queue is private to the owning process. Its slots are accounted like hardware's:
 //! a WQE occupies its slot from `post_send` until a completion of it (or of a later WQE of the
