@@ -106,15 +106,12 @@ impl<S: Srq> Replenisher<S> {
         let want = self.depth - self.posted;
         self.addrs.clear();
         self.bufs.clear();
-        for _ in 0..want {
-            let Some(buf) = cache.get() else { break };
-            self.addrs.push(buf.addr());
-            self.bufs.push(buf);
-        }
-        if self.addrs.is_empty() {
+        // Within the capacities reserved in `new` (`want <= depth`): no allocation.
+        let n = cache.get_into(&mut self.bufs, want as usize);
+        if n == 0 {
             return false;
         }
-        let n = self.addrs.len();
+        self.addrs.extend(self.bufs.iter().map(|b| b.addr()));
         let ok = match self.srq.post_recv_buffers(&self.addrs, self.buf_len, self.lkey, &mut self.chain) {
             Ok(()) => n,
             Err(e) => {
