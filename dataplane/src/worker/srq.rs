@@ -1,5 +1,6 @@
 //! The SRQ replenisher: keeps the worker's shared receive queue between its low watermark
-//! and its depth, refilling it with one chained `post_srq_recv` (one doorbell).
+//! and its depth, refilling it with one [`Srq::post_recv_buffers`] call (one doorbell: a
+//! chained `post_srq_recv` on providers without a faster way, one ring write on `shm`).
 //!
 //! A posted buffer's `wr_id` is its address, so a receive completion maps back to its buffer
 //! ([`BufferPool::index_of_addr`]). A bitmap of the buffers posted lets shutdown return the
@@ -91,7 +92,7 @@ impl<S: Srq> Replenisher<S> {
         Some(buf)
     }
 
-    /// Refills to `depth` with one chained post if under the low watermark (or the limit
+    /// Refills to `depth` with one post if under the low watermark (or the limit
     /// event fired). Returns whether it posted.
     #[inline]
     pub fn maybe_refill(&mut self, cache: &mut PoolCache, w: &WorkerCounters) -> bool {
@@ -101,7 +102,8 @@ impl<S: Srq> Replenisher<S> {
         self.refill(cache, w)
     }
 
-    /// Posts `depth - posted` buffers (as many as the pool gives) in one chain.
+    /// Posts `depth - posted` buffers (as many as the pool gives) in one
+    /// [`Srq::post_recv_buffers`] call.
     pub fn refill(&mut self, cache: &mut PoolCache, w: &WorkerCounters) -> bool {
         let want = self.depth - self.posted;
         self.addrs.clear();
