@@ -320,6 +320,8 @@ impl<P: Provider> Worker<P> {
         let mut cache = pool.cache(p.cache_size as usize);
         let stats = WorkerStats::new();
         let mut srq = Replenisher::new(srq, p.srq_depth, p.srq_low_watermark, p.recv_buffer_size, lkey, &pool);
+        // Top up in the cache's batches (not below 32 buffers per post): see `set_top_up`.
+        srq.set_top_up(cache.batch().max(32) as u32);
         srq.refill(&mut cache, &stats);
         let burst = p.poll_burst.max(1) as usize;
         Ok(Worker {

@@ -87,6 +87,8 @@ suite!(ShmHarness;
     post_list_with_too_few_receives_waits_for_the_rest,
     post_list_on_uc_drops_what_finds_no_receive,
     post_list_stops_at_a_refused_wr,
+    post_list_checks_each_sge_of_a_shared_mr,
+    post_list_over_alternating_mrs,
     post_list_with_a_receive_too_small_fails_as_one_by_one,
     mcast_attach_non_ud_or_unicast_gid_einval,
     mcast_attach_any_state_twice_then_detach,

@@ -7,7 +7,7 @@
 
 use crate::harness::*;
 use dataplane::verbs::*;
-use dataplane::Qp;
+use dataplane::{Context, MemRegion, Mr, Pd, Qp};
 
 /// Receive buffers of node b: 64 bytes each from here.
 const RX: usize = 256 << 10;
@@ -111,14 +111,25 @@ pub fn post_list_on_uc_drops_what_finds_no_receive<H: Harness>(test: &str) {
 /// with bad_wr 3 and WRs 0-2 posted; where they are checked when the WQE executes (mlx5, rxe),
 /// WR 3 completes in error and 4-5 are flushed. Either way the receiver gets exactly 0-2.
 pub fn post_list_stops_at_a_refused_wr<H: Harness>(test: &str) {
+    refused_at_3::<H>(test, |a, j| Sge { lkey: 0xdead_beef, ..a.sge(j * 64, len(j) as u32) });
+}
+
+/// As [`post_list_stops_at_a_refused_wr`], but WR 3 names the same lkey as the WRs before it
+/// and runs 8 bytes past the end of its MR: a provider that reuses an MR lookup across a
+/// list must still check each SGE's bounds.
+pub fn post_list_checks_each_sge_of_a_shared_mr<H: Harness>(test: &str) {
+    refused_at_3::<H>(test, |a, _| a.sge(BUF - 56, 64));
+}
+
+/// A list of 6 (WR 3's SGE from `bad`) with 10 receives posted: see the two cases above.
+fn refused_at_3<H: Harness>(test: &str, bad: impl Fn(&Node<H>, usize) -> Sge) {
     let mut p = pair::<H>(test, QpType::Rc, caps(), ConnOpts::default());
     post_recvs(&mut p, 0, 10, 64);
-    // WR 3 names an lkey that does not exist: bad_wr 3, WRs 0-2 posted, 3-5 not.
     let good = list(&p.a, 6);
     let mut c = SendChain::with_capacity(6, 6);
     for (j, wr) in good.wrs().iter().enumerate() {
         if j == 3 {
-            c.push(*wr, &[Sge { lkey: 0xdead_beef, ..p.a.sge(j * 64, len(j) as u32) }]);
+            c.push(*wr, &[bad(&p.a, j)]);
         } else if let Some(bytes) = good.inline_of(wr) {
             c.push_inline(*wr, bytes);
         } else {
@@ -131,7 +142,7 @@ pub fn post_list_stops_at_a_refused_wr<H: Harness>(test: &str) {
         let s = poll_n(&mut p.a.scq, 4);
         assert_eq!((s[0].wr_id, s[0].status), (101, WcStatus::Success));
         assert_eq!(s[1].wr_id, 103);
-        assert_ne!(s[1].status, WcStatus::Success, "WR 3's bad lkey completed successfully");
+        assert_ne!(s[1].status, WcStatus::Success, "WR 3's bad SGE completed successfully");
         let flushed: Vec<(u64, WcStatus)> = s[2..].iter().map(|w| (w.wr_id, w.status)).collect();
         assert_eq!(flushed, [(104, WcStatus::WrFlushErr), (105, WcStatus::WrFlushErr)]);
         assert_no_completion(&mut p.b.rcq);
@@ -142,6 +153,60 @@ pub fn post_list_stops_at_a_refused_wr<H: Harness>(test: &str) {
     check_sent(&mut p, 0..3);
     assert_no_completion(&mut p.b.rcq);
     assert_eq!(p.qa.state(), QpState::Rts);
+}
+
+/// Receives alternate between two MRs of the receiver (the node's and a second one) and the
+/// list's SENDs between two MRs of the sender: every message lands in its own request's
+/// buffer, whichever MR the request before it used.
+pub fn post_list_over_alternating_mrs<H: Harness>(test: &str) {
+    let mut p = pair::<H>(test, QpType::Rc, caps(), ConnOpts::default());
+    let (ra, ma) = second_mr(&p.a);
+    let (rb, mb) = second_mr(&p.b);
+    let n = 8;
+    for j in 0..n {
+        let sge =
+            if j % 2 == 0 { p.b.sge(RX + j * 64, 64) } else { Sge::new(mb.addr() + j as u64 * 64, 64, mb.lkey()) };
+        let mut rc = RecvChain::with_capacity(1, 1);
+        rc.push(RecvWr::new(j as u64), &[sge]);
+        p.qb.post_recv(&rc).expect("post_recv");
+    }
+    let mut c = SendChain::with_capacity(n, n);
+    for j in 0..n {
+        let bytes = pattern(j as u8 + 7, 48);
+        let sge = if j % 3 == 0 {
+            ra.write(j * 64, &bytes);
+            Sge::new(ma.addr() + j as u64 * 64, 48, ma.lkey())
+        } else {
+            p.a.write(j * 64, &bytes);
+            p.a.sge(j * 64, 48)
+        };
+        c.push(SendWr::send(100 + j as u64).signaled(), &[sge]);
+    }
+    p.qa.post_send(&c).expect("post_send");
+    let wcs = poll_n(&mut p.b.rcq, n);
+    for (w, j) in wcs.iter().zip(0..) {
+        assert_eq!((w.wr_id, w.status, w.byte_len), (j as u64, WcStatus::Success, 48), "receive {j}");
+        let got = if j % 2 == 0 {
+            p.b.read(RX + j * 64, 48)
+        } else {
+            {
+                let mut v = vec![0; 48];
+                rb.read(j * 64, &mut v);
+                v
+            }
+        };
+        assert_eq!(got, pattern(j as u8 + 7, 48), "bytes of message {j}");
+    }
+    let sent = poll_n(&mut p.a.scq, n);
+    assert!(sent.iter().all(|w| w.status == WcStatus::Success), "{sent:?}");
+    assert_no_completion(&mut p.b.rcq);
+}
+
+/// A second registered region of `node` (64 KiB, LOCAL_WRITE), and its MR.
+fn second_mr<H: Harness>(node: &Node<H>) -> (RegionOf<H>, MrOf<H>) {
+    let region = node.ctx.alloc_region(64 << 10).expect("alloc_region");
+    let mr = node.pd.reg_mr(&region, 0, 64 << 10, AccessFlags::LOCAL_WRITE).expect("reg_mr");
+    (region, mr)
 }
 
 /// Receive 3 is 4 bytes, message 3 is 22: the receiver gets LOC_LEN_ERR for it and
