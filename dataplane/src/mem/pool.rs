@@ -299,6 +299,10 @@ struct Inner {
     base: NonNull<u8>,
     /// Bytes per buffer (a multiple of `CACHE_LINE`, at most `u32::MAX`).
     stride: usize,
+    /// `log2(stride)` when the stride is a power of two (the usual 2 KiB, 4 KiB...): an
+    /// address maps back to its index with a shift, not a division (20-40 cycles, once per
+    /// received message in a worker).
+    stride_shift: Option<u32>,
     count: u32,
     /// Offset of `base` in the backing region (0 for a raw range).
     region_offset: usize,
@@ -523,6 +527,7 @@ impl BufferPool {
             inner: Arc::new(Inner {
                 base,
                 stride,
+                stride_shift: stride.is_power_of_two().then(|| stride.trailing_zeros()),
                 count: count32,
                 region_offset,
                 states,
@@ -596,10 +601,17 @@ impl BufferPool {
     pub fn index_of_addr(&self, addr: u64) -> Option<Buf> {
         let off = addr.checked_sub(self.base_addr())?;
         let stride = self.inner.stride as u64;
-        if off >= self.span() as u64 || off % stride != 0 {
+        if off >= self.span() as u64 {
             return None;
         }
-        let index = (off / stride) as u32;
+        let (index, rem) = match self.inner.stride_shift {
+            Some(shift) => (off >> shift, off & (stride - 1)),
+            None => (off / stride, off % stride),
+        };
+        if rem != 0 {
+            return None;
+        }
+        let index = index as u32;
         // Relaxed: the owner of the buffer last stored this value itself, or received the
         // buffer through a synchronizing hand-off.
         let tag = self.inner.states[index as usize].load(Ordering::Relaxed);
@@ -1102,28 +1114,34 @@ mod tests {
 
     #[test]
     fn addresses_round_trip_and_garbage_is_rejected() {
-        let pool = region_pool(100, 10);
-        let base = pool.base_addr();
-        let bufs: Vec<Buf> = (0..10).map(|_| pool.get().unwrap()).collect();
-        for &b in &bufs {
-            let addr = pool.addr_of(b);
-            assert_eq!(addr, b.addr());
-            assert_eq!(addr, base + pool.offset_of(b) as u64);
-            assert_eq!(pool.offset_of(b), b.index() as usize * 128);
-            assert_eq!(pool.ptr_of(b) as u64, addr);
-            assert_eq!(pool.index_of_addr(addr), Some(b));
-            assert_eq!(pool.index_of_addr(addr + 64), None);
-            let sge = pool.sge(b, 7);
-            assert_eq!((sge.addr, sge.length, sge.lkey), (addr, 128, 7));
+        // A power-of-two stride (mapped back with a shift) and another one (a division).
+        for (size, stride) in [(100usize, 128u64), (150, 192)] {
+            let pool = region_pool(size, 10);
+            assert_eq!(pool.buf_size() as u64, stride);
+            let base = pool.base_addr();
+            let bufs: Vec<Buf> = (0..10).map(|_| pool.get().unwrap()).collect();
+            for &b in &bufs {
+                let addr = pool.addr_of(b);
+                assert_eq!(addr, b.addr());
+                assert_eq!(addr, base + pool.offset_of(b) as u64);
+                assert_eq!(pool.offset_of(b) as u64, u64::from(b.index()) * stride);
+                assert_eq!(pool.ptr_of(b) as u64, addr);
+                assert_eq!(pool.index_of_addr(addr), Some(b));
+                assert_eq!(pool.index_of_addr(addr + 64), None);
+                let sge = pool.sge(b, 7);
+                assert_eq!((sge.addr, sge.length, sge.lkey), (addr, stride as u32, 7));
+            }
+            let end = base + 10 * stride;
+            for bad in [0, base - stride, base - 1, base + 1, base + 64, base + stride - 1, end, end + stride, u64::MAX]
+            {
+                assert_eq!(pool.index_of_addr(bad), None, "stride {stride}: {bad:#x}");
+            }
+            // A handle rebuilt from an owned buffer's address can be returned.
+            for &b in &bufs {
+                pool.put(pool.index_of_addr(b.addr()).unwrap()).unwrap();
+            }
+            assert_eq!(pool.outstanding(), 0);
         }
-        for bad in [0, base - 128, base - 1, base + 1, base + 64, base + 127, base + 1280, u64::MAX] {
-            assert_eq!(pool.index_of_addr(bad), None, "{bad:#x}");
-        }
-        // A handle rebuilt from an owned buffer's address can be returned.
-        for &b in &bufs {
-            pool.put(pool.index_of_addr(b.addr()).unwrap()).unwrap();
-        }
-        assert_eq!(pool.outstanding(), 0);
     }
 
     #[test]
