@@ -168,19 +168,17 @@ fn post_wrs<const MEMO: bool>(
     Ok(())
 }
 
-/// What the fast path checked earlier in the same post call and reuses: the MRs of the
-/// last local lkey and of the last receive lkey that passed their checks. A chain's SGEs
-/// nearly always share one MR on each side, and the lookups (two loads of the key around
-/// the fields, a fence) were ~80 of the ~360 instructions of a chained SEND. Only bounds are
-/// checked again per WR. This changes no outcome: a post call is not atomic against a
-/// concurrent deregistration anyway (it is as if the deregistration came after the call),
-/// and the fabric stays mapped, so no byte lands outside it.
+/// What the fast path checked earlier in the same post call and reuses: the MR of the last
+/// local lkey that passed its checks. A chain's SGEs nearly always share one MR, and the
+/// lookup (two loads of the key around the fields, a fence) is most of the local checks.
+/// Only bounds are checked again per WR. This changes no outcome: a post call is not atomic
+/// against a concurrent deregistration anyway (it is as if the deregistration came after the
+/// call), and the fabric stays mapped, so no byte is read outside it. (The receive side's
+/// MR is looked up per request: see `place_one` for why.)
 #[derive(Default)]
 pub(crate) struct FastMemo {
     /// The sender's lkey and its MR (an MR, not a window, of the sender's PD).
     local: Option<(u32, MrView)>,
-    /// The receive lkey, the PD it was checked against and its MR ([`place_one_memo`]).
-    recv: Option<(u32, u32, MrView)>,
 }
 
 /// The fast path: runs WR `wr` (one SGE, INLINE or not) if it is the common case, an RC or UC
@@ -282,7 +280,7 @@ pub(crate) fn post_fast<const XRC: bool, const MEMO: bool>(
         if !taken {
             return false;
         }
-        if st.rx.n == 1 && place_one_memo::<MEMO>(f, pd, &st.rx.sges[0], src, len, &mut memo.recv) {
+        if st.rx.n == 1 && place_one(f, pd, &st.rx.sges[0], src, len) {
             let imm = op == WrOpcode::SendWithImm;
             let wc = WorkCompletion {
                 wr_id: st.rx.wr_id,
