@@ -118,6 +118,18 @@ pub(crate) fn post(
     max_sge: u32,
     chain: &RecvChain,
 ) -> Result<(), PostError> {
+    // One request of one SGE (a receiver reposting what it just consumed): checked and
+    // pushed without the loop, 217 -> 196 instructions per `post_recv` (callgrind). A full
+    // ring goes on to the loop, which checks it again and waits for a held cell or reports
+    // ENOMEM. (Moving the loop out of line made it dearer again: +4.)
+    if let ([wr], 1..) = (chain.wrs(), max_sge) {
+        if let [s] = chain.sges_of(wr) {
+            validate_sge(f, pd, s, 0, &mut None)?;
+            if push_one(ring, bound, wr.wr_id, s) {
+                return Ok(());
+            }
+        }
+    }
     let mut last = None;
     for (i, (wr, sges)) in chain.iter().enumerate() {
         let pushed = if let ([s], 1..) = (sges, max_sge) {
