@@ -10,7 +10,7 @@ use super::dest::*;
 use super::exec::*;
 use super::fabric::{pid_alive, Fabric};
 use super::layout::*;
-use super::mr::{mr_lookup, MrView};
+use super::mr::mr_lookup;
 use super::place::*;
 use super::recvq::{self, MAX_SGE};
 use super::sq::{BlockKind, Blocked, SqState};
@@ -127,31 +127,12 @@ pub(crate) fn post_send(f: &Fabric, st: &mut SqState, chain: &SendChain) -> std:
             st.flush_pending();
         }
     }
-    // A chain of one gets the fast path without the memo (storing what nothing will reuse
-    // cost ~24 instructions per message); longer chains reuse their MR lookups.
-    if chain.len() == 1 {
-        post_wrs::<false>(f, st, chain, state)
-    } else {
-        post_wrs::<true>(f, st, chain, state)
-    }
-}
-
-/// The loop of [`post_send`]: each WR through the fast path if it can take it, else the
-/// general one. `MEMO`: the fast path reuses its MR lookups ([`FastMemo`]).
-#[inline(always)]
-fn post_wrs<const MEMO: bool>(
-    f: &Fabric,
-    st: &mut SqState,
-    chain: &SendChain,
-    mut state: QpState,
-) -> std::result::Result<(), PostError> {
     let mut retired = st.slot().sq_retired.load(Ordering::Acquire);
-    let mut memo = FastMemo::default();
     for (i, wr) in chain.wrs().iter().enumerate() {
         let sges = chain.sges_of(wr);
         let inline = chain.inline_of(wr);
         if let ([sge], None) = (sges, inline) {
-            if post_fast::<false, MEMO>(f, st, wr, sge, &mut state, &mut retired, &mut memo) {
+            if post_fast::<false>(f, st, wr, sge, &mut state, &mut retired) {
                 continue;
             }
         }
@@ -166,19 +147,6 @@ fn post_wrs<const MEMO: bool>(
         }
     }
     Ok(())
-}
-
-/// What the fast path checked earlier in the same post call and reuses: the MR of the last
-/// local lkey that passed its checks. A chain's SGEs nearly always share one MR, and the
-/// lookup (two loads of the key around the fields, a fence) is most of the local checks.
-/// Only bounds are checked again per WR. This changes no outcome: a post call is not atomic
-/// against a concurrent deregistration anyway (it is as if the deregistration came after the
-/// call), and the fabric stays mapped, so no byte is read outside it. (The receive side's
-/// MR is looked up per request: see `place_one` for why.)
-#[derive(Default)]
-pub(crate) struct FastMemo {
-    /// The sender's lkey and its MR (an MR, not a window, of the sender's PD).
-    local: Option<(u32, MrView)>,
 }
 
 /// The fast path: runs WR `wr` (one SGE, INLINE or not) if it is the common case, an RC or UC
@@ -198,14 +166,13 @@ pub(crate) struct FastMemo {
 /// checks, is finished by the general code ([`deliver_taken`]), so the receiver sees the
 /// same completion either way.
 #[inline(always)]
-pub(crate) fn post_fast<const XRC: bool, const MEMO: bool>(
+pub(crate) fn post_fast<const XRC: bool>(
     f: &Fabric,
     st: &mut SqState,
     wr: &SendWr,
     sge: &Sge,
     state: &mut QpState,
     retired: &mut u32,
-    memo: &mut FastMemo,
 ) -> bool {
     let op = wr.opcode;
     let is_send = matches!(op, WrOpcode::Send | WrOpcode::SendWithImm);
@@ -229,17 +196,9 @@ pub(crate) fn post_fast<const XRC: bool, const MEMO: bool>(
         }
         f.offset_of(sge.addr, sge.length as u64).and_then(|off| f.ptr(off, sge.length as u64))
     } else {
-        let mr = match memo.local {
-            Some((key, m)) if MEMO && key == sge.lkey => Some(m),
-            _ => {
-                let m = mr_lookup(f, sge.lkey).filter(|m| !m.window && m.pd == st.pd);
-                if let (true, Some(m)) = (MEMO, m) {
-                    memo.local = Some((sge.lkey, m));
-                }
-                m
-            }
-        };
-        mr.and_then(|m| m.translate(f, sge.addr, sge.length as u64))
+        mr_lookup(f, sge.lkey)
+            .filter(|m| !m.window && m.pd == st.pd)
+            .and_then(|m| m.translate(f, sge.addr, sge.length as u64))
     };
     let Some(src) = src else {
         return false;
@@ -334,7 +293,7 @@ pub(crate) fn post_fast_xrc(
     state: &mut QpState,
     retired: &mut u32,
 ) -> bool {
-    post_fast::<true, false>(f, st, wr, sge, state, retired, &mut FastMemo::default())
+    post_fast::<true>(f, st, wr, sge, state, retired)
 }
 
 /// `post_one` for a WR with several SGEs, and TSO requests ([`post_tso`]), out of line to

@@ -147,16 +147,17 @@ pub(crate) fn place<const N: usize>(
 /// MR (not a window) of PD `pd` (the receiving QP's, or its SRQ's) with LOCAL_WRITE whose
 /// range holds the SGE, and the SGE holds the message. False, with nothing written, otherwise.
 ///
-/// The MR is looked up for every request, unlike the sender's (`FastMemo`): reusing the
-/// receive MR across a post list saved ~15 instructions per message in chains of 32 but made
-/// `dp-perf send_bw -l 32` ~25% slower between two cores, over and over in interleaved
-/// runs, even with the lookup kept and its result discarded. The cause is not understood (no
-/// hardware counters in this VM); the change was left out.
+/// The MR is looked up for every request. Reusing the last one across a post list (as the
+/// sender's lkey could be, see docs/shm-provider.md "MR lookups once per post list") saves
+/// ~15 instructions per message in chains of 32 but made `dp-perf send_bw` 15-25% slower
+/// between two cores in every interleaved pair; the cause is not understood (no hardware
+/// counters in this VM), so neither side reuses it.
 #[inline(always)]
 pub(crate) fn place_one(f: &Fabric, pd: u32, r: &Sge, src: *mut u8, len: usize) -> bool {
     let cap = recv_sge_len(r);
-    let mr = mr_lookup(f, r.lkey).filter(|m| !m.window && m.pd == pd && m.access.contains(AccessFlags::LOCAL_WRITE));
-    let dst = mr.and_then(|m| m.translate(f, r.addr, cap));
+    let dst = mr_lookup(f, r.lkey)
+        .filter(|m| !m.window && m.pd == pd && m.access.contains(AccessFlags::LOCAL_WRITE))
+        .and_then(|m| m.translate(f, r.addr, cap));
     match dst {
         Some(dst) if len as u64 <= cap => {
             // `src` was checked for `len` bytes against the sender's MR, `dst` for `cap >= len`
