@@ -121,6 +121,11 @@ impl<S: Srq> Replenisher<S> {
     /// Posts `depth - posted` buffers (as many as the pool gives) in one
     /// [`Srq::post_recv_buffers`] call.
     pub fn refill(&mut self, cache: &mut PoolCache, w: &WorkerCounters) -> bool {
+        // The limit needs arming again only if it may have fired (the count went below it, or
+        // its event came): a fired limit is disarmed, an unfired one stays armed. A top-up
+        // above the watermark leaves it alone, which on `rdma` saves an `ibv_modify_srq`
+        // (a system call) per top-up.
+        let rearm = self.limit_hit || self.posted < self.low;
         let want = self.depth - self.posted;
         self.addrs.clear();
         self.bufs.clear();
@@ -149,7 +154,9 @@ impl<S: Srq> Replenisher<S> {
         if ok > 0 {
             w.srq_refills.add(1);
             w.srq_posted.add(ok as u64);
-            self.arm();
+            if rearm {
+                self.arm();
+            }
         }
         true
     }
@@ -181,7 +188,8 @@ mod tests {
     use std::sync::Arc;
 
     /// A replenisher of depth 64, low watermark 16, over a 256-buffer pool on a fresh fabric
-    /// (its SRQ holds 128, so bookkeeping-only `take`s leave room for the top-ups).
+    /// (its SRQ holds 512: the `take`s here are bookkeeping only, every posted buffer stays in
+    /// it).
     fn setup(name: &str) -> (Replenisher<crate::shm::ShmSrq>, PoolCache, WorkerStats, impl Sized) {
         let cfg = ShmConfig {
             fabric: format!("unit-{name}-{}", std::process::id()),
@@ -193,7 +201,7 @@ mod tests {
         let region = Arc::new(ctx.alloc_region(256 * 64).unwrap());
         let mr = pd.reg_mr(&*region, 0, 256 * 64, AccessFlags::LOCAL_WRITE).unwrap();
         let pool = BufferPool::from_region(region, 0, 64, 256).unwrap();
-        let srq = pd.create_srq(&SrqAttr { max_wr: 128, max_sge: 1, srq_limit: 0 }).unwrap();
+        let srq = pd.create_srq(&SrqAttr { max_wr: 512, max_sge: 1, srq_limit: 0 }).unwrap();
         let r = Replenisher::new(srq, 64, 16, 64, mr.lkey(), &pool);
         (r, pool.cache(64), WorkerStats::new(), (ctx, pd, mr))
     }
@@ -235,6 +243,15 @@ mod tests {
         take_n(&mut r, 1);
         assert!(r.maybe_refill(&mut cache, &w));
         assert_eq!(r.posted(), 64);
+        // A top-up above the watermark leaves the SRQ limit as it is (here disarmed by hand,
+        // as a fired limit is); a refill below the watermark arms it again.
+        r.srq.modify(&SrqAttr { max_wr: 64, max_sge: 1, srq_limit: 0 }, SrqAttrMask::LIMIT).unwrap();
+        take_n(&mut r, 8);
+        assert!(r.maybe_refill(&mut cache, &w));
+        assert_eq!(r.srq.query().unwrap().srq_limit, 0, "a top-up re-armed the limit");
+        take_n(&mut r, 49);
+        assert!(r.maybe_refill(&mut cache, &w));
+        assert_eq!(r.srq.query().unwrap().srq_limit, 16, "a refill below the watermark did not re-arm");
         // A batch above `depth - low + 1` is clamped to it: the watermark still rules.
         r.set_top_up(1000);
         take_n(&mut r, 48);
