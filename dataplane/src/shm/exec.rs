@@ -528,19 +528,13 @@ mod tests {
     /// owner pid is set to a process that has exited, as a `kill -9` leaves it.
     #[test]
     fn one_sided_operations_to_a_dead_owner_end_in_retry_exc_err() {
-        use crate::mem::HugePolicy;
         use crate::shm::layout::{key_index, QP_IDX_BITS};
-        use crate::shm::{Shm, ShmConfig, ShmQp};
+        use crate::shm::{unit_context, ShmQp};
         use crate::verbs::*;
-        use crate::{Context, Cq, Mr, Pd, Provider, Qp, QpInitAttr};
+        use crate::{Context, Cq, Mr, Pd, Qp, QpInitAttr};
         use std::sync::atomic::Ordering;
 
-        let cfg = ShmConfig {
-            fabric: format!("unit-deadowner-{}", std::process::id()),
-            size: 16 << 20,
-            huge: HugePolicy::Never,
-        };
-        let ctx = Shm::open(&cfg).unwrap();
+        let ctx = unit_context("deadowner");
         let pd = ctx.alloc_pd().unwrap();
         let mut cq = ctx.create_cq(16).unwrap();
         let region = ctx.alloc_region(8192).unwrap();

@@ -320,3 +320,12 @@ impl crate::Ah for ShmAh {
         self.handle
     }
 }
+
+/// A context on a fresh 16 MiB fabric without huge pages, for a unit test: the fabric is
+/// named `unit-<name>-<pid>`, so tests running at once do not share one.
+#[cfg(test)]
+pub(crate) fn unit_context(name: &str) -> ShmContext {
+    let cfg =
+        ShmConfig { fabric: format!("unit-{name}-{}", std::process::id()), size: 16 << 20, huge: HugePolicy::Never };
+    <Shm as crate::Provider>::open(&cfg).expect("open a unit-test fabric")
+}

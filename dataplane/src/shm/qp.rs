@@ -527,20 +527,14 @@ impl ShmQp {
 
 #[cfg(test)]
 mod tests {
-    use crate::mem::HugePolicy;
-    use crate::shm::{Shm, ShmConfig};
+    use crate::shm::unit_context;
     use crate::verbs::{QpCaps, QpType};
-    use crate::{Context, Pd, Provider, QpInitAttr};
+    use crate::{Context, Pd, QpInitAttr};
     use std::sync::atomic::Ordering;
 
     #[test]
     fn failed_try_lock_keeps_the_holders_lock() {
-        let cfg = ShmConfig {
-            fabric: format!("unit-trylock-{}", std::process::id()),
-            size: 16 << 20,
-            huge: HugePolicy::Never,
-        };
-        let ctx = Shm::open(&cfg).unwrap();
+        let ctx = unit_context("trylock");
         let pd = ctx.alloc_pd().unwrap();
         let cq = ctx.create_cq(8).unwrap();
         let attr = QpInitAttr {

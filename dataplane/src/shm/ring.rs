@@ -484,9 +484,8 @@ mod tests {
     /// into it must fail the message with REM_OP_ERR, not spin in `Ring::pop` forever. The
     /// poster runs on its own thread so that the regression fails the test instead of hanging it.
     mod hostile_receive_ring {
-        use crate::mem::HugePolicy;
         use crate::shm::layout::{key_index, recv_stride, QP_IDX_BITS};
-        use crate::shm::{Shm, ShmConfig, ShmContext, ShmQp, ShmSrq};
+        use crate::shm::{unit_context, Shm, ShmContext, ShmQp, ShmSrq};
         use crate::verbs::*;
         use crate::{Context, Cq, Mr, Pd, Provider, Qp, QpInitAttr};
         use std::sync::atomic::{AtomicU64, Ordering};
@@ -523,12 +522,7 @@ mod tests {
         }
 
         fn open(t: &str) -> (ShmContext, <Shm as Provider>::Pd, <Shm as Provider>::Cq, <Shm as Provider>::Cq) {
-            let cfg = ShmConfig {
-                fabric: format!("unit-hostile-{t}-{}", std::process::id()),
-                size: 16 << 20,
-                huge: HugePolicy::Never,
-            };
-            let ctx = Shm::open(&cfg).unwrap();
+            let ctx = unit_context(&format!("hostile-{t}"));
             let pd = ctx.alloc_pd().unwrap();
             let (scq, rcq) = (ctx.create_cq(16).unwrap(), ctx.create_cq(16).unwrap());
             (ctx, pd, scq, rcq)

@@ -180,23 +180,16 @@ impl<S: Srq> Replenisher<S> {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-    use crate::mem::HugePolicy;
-    use crate::shm::{Shm, ShmConfig};
     use crate::verbs::AccessFlags;
     use crate::worker::stats::WorkerStats;
-    use crate::{Context, Mr, Pd, Provider};
+    use crate::{Context, Mr, Pd};
     use std::sync::Arc;
 
     /// A replenisher of depth 64, low watermark 16, over a 256-buffer pool on a fresh fabric
     /// (its SRQ holds 512: the `take`s here are bookkeeping only, every posted buffer stays in
     /// it).
     fn setup(name: &str) -> (Replenisher<crate::shm::ShmSrq>, PoolCache, WorkerStats, impl Sized) {
-        let cfg = ShmConfig {
-            fabric: format!("unit-{name}-{}", std::process::id()),
-            size: 16 << 20,
-            huge: HugePolicy::Never,
-        };
-        let ctx = Shm::open(&cfg).unwrap();
+        let ctx = crate::shm::unit_context(name);
         let pd = ctx.alloc_pd().unwrap();
         let region = Arc::new(ctx.alloc_region(256 * 64).unwrap());
         let mr = pd.reg_mr(&*region, 0, 256 * 64, AccessFlags::LOCAL_WRITE).unwrap();
