@@ -359,7 +359,7 @@ fn build<P: Provider>(
             spin_count: *w.spin_count,
             cache_size: *pcfg.cache_size,
         };
-        let worker = Worker::<P>::new(params, ctx.clone(), pd, pool.clone(), mr.lkey(), ctl.clone(), clock)
+        let worker = Worker::<P>::new(params, ctx.clone(), pd, pool.clone(), mr.lkey(), ctl.clone(), clock.clone())
             .map_err(|e| format!("worker {}: {e}", *w.name))?;
         workers.push(worker);
     }

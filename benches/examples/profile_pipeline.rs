@@ -57,7 +57,7 @@ fn main() {
     let pd = ctx.alloc_pd().expect("pd");
     let ctl = Arc::new(Control::new());
     let clock = Clock::new();
-    let (mut client, _client_mr) = worker("client", &ctx, &pd, &ctl, clock);
+    let (mut client, _client_mr) = worker("client", &ctx, &pd, &ctl, clock.clone());
     let (mut server, _server_mr) = worker("server", &ctx, &pd, &ctl, clock);
     let qp = |n: &str| QpParams { name: n.into(), min_rnr_timer: 1, max_inline: 64, ..QpParams::default() };
     let c = client.add_qp(&pd, qp("client-qp")).expect("qp");

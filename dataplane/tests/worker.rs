@@ -184,8 +184,9 @@ fn a_refused_chain_returns_its_buffers_and_room() {
     assert_eq!(pool.outstanding(), 0, "every buffer is back in the pool");
 }
 
-/// The pipeline clock (read straight from CLOCK_MONOTONIC) counts nanoseconds from its
-/// creation, as `Instant` does, and never goes back.
+/// The pipeline clock (the invariant TSC calibrated against CLOCK_MONOTONIC, or
+/// CLOCK_MONOTONIC itself) counts nanoseconds from its creation, as `Instant` does, within the
+/// calibration's error, and a clone read on another thread continues the same count.
 #[test]
 fn the_clock_counts_nanoseconds_since_its_base() {
     let (clock, start) = (Clock::new(), std::time::Instant::now());
@@ -193,7 +194,12 @@ fn the_clock_counts_nanoseconds_since_its_base() {
     std::thread::sleep(Duration::from_millis(20));
     let t1 = clock.now_ns();
     let real = start.elapsed().as_nanos() as u64;
-    assert!(t1 >= t0 + 20_000_000, "20 ms slept: {t0} -> {t1}");
-    // Both read CLOCK_MONOTONIC; the clock was created just before `start`.
-    assert!(t1 <= real + 1_000_000, "the clock ({t1} ns) does not run ahead of Instant ({real} ns)");
+    // 0.1% of slack for the counter's calibrated rate (a few ppm in practice).
+    assert!(t1 >= t0 + 19_980_000, "20 ms slept: {t0} -> {t1}");
+    // The clock was created just before `start`.
+    assert!(t1 <= real + real / 1000 + 1_000_000, "the clock ({t1} ns) does not run ahead of Instant ({real} ns)");
+    let other = clock.clone();
+    let t2 = std::thread::spawn(move || other.now_ns()).join().unwrap();
+    assert!(t2 >= t1, "a clone on another thread reads {t2} ns after this thread read {t1} ns");
+    assert!(t2 < t1 + 1_000_000_000, "a clone keeps the base: {t2} ns vs {t1} ns");
 }
