@@ -82,6 +82,19 @@ pub fn due_at_rate(elapsed_ns: u64, rate: u64) -> u64 {
     u64::try_from(due).unwrap_or(u64::MAX).saturating_add(1)
 }
 
+/// When message `index` (0-based) of a source pacing itself to `rate` per second is due, in
+/// nanoseconds after its first: the first elapsed time at which [`due_at_rate`] exceeds
+/// `index` (`u64::MAX` if never). A paced source computes it once per burst it emits and
+/// compares each loop's clock read against it, instead of a 128-bit division every loop.
+#[inline]
+pub fn due_time_ns(index: u64, rate: u64) -> u64 {
+    if rate == 0 {
+        return u64::MAX;
+    }
+    let t = (u128::from(index) * 1_000_000_000).div_ceil(u128::from(rate));
+    u64::try_from(t).unwrap_or(u64::MAX)
+}
+
 impl Default for Clock {
     fn default() -> Self {
         Clock::new()
@@ -411,5 +424,28 @@ mod tests {
         assert_eq!(due_at_rate(1_000_000, 1000), 2);
         assert_eq!(due_at_rate(1_000_000_000, 1000), 1001);
         assert_eq!(due_at_rate(u64::MAX, u64::MAX), u64::MAX);
+    }
+
+    /// `due_time_ns(i, r)` is the first elapsed time at which message `i` is due: at it,
+    /// `due_at_rate` counts more than `i` messages, one nanosecond before it no more than `i`.
+    #[test]
+    fn a_message_is_due_exactly_at_its_due_time() {
+        use super::{due_at_rate, due_time_ns};
+        for rate in [1, 3, 7, 1000, 100_000, 999_999_937, 1_000_000_000, 3_000_000_000] {
+            for i in [0u64, 1, 2, 3, 10, 999, 1_000_001, 123_456_789] {
+                let t = due_time_ns(i, rate);
+                if t == u64::MAX {
+                    continue;
+                }
+                assert!(due_at_rate(t, rate) > i, "rate {rate}: message {i} not due at {t} ns");
+                if t > 0 {
+                    assert!(due_at_rate(t - 1, rate) <= i, "rate {rate}: message {i} already due at {} ns", t - 1);
+                }
+            }
+        }
+        assert_eq!(due_time_ns(0, 1000), 0);
+        assert_eq!(due_time_ns(1, 1000), 1_000_000);
+        assert_eq!(due_time_ns(u64::MAX, 1), u64::MAX);
+        assert_eq!(due_time_ns(5, 0), u64::MAX);
     }
 }
