@@ -1,10 +1,11 @@
 //! Worker behaviour outside the hot path: a failed pin is an error (and stops the pipeline);
 //! a worker run on its own thread until stopped returns every buffer; a send chain the QP
-//! refuses returns its buffers and send-queue room; the pipeline clock counts from its base.
+//! refuses returns its buffers and send-queue room; the pipeline clock counts from its base;
+//! a paced source keeps its schedule.
 
 use dataplane::mem::{BufferPool, HugePolicy};
 use dataplane::pipeline::{
-    read_u64, Clock, Echo, Handler, Msg, Sink, Source, SourceLimits, StageCx, Target, SEQ_OFFSET,
+    due_at_rate, read_u64, Clock, Echo, Handler, Msg, Sink, Source, SourceLimits, StageCx, Target, SEQ_OFFSET,
 };
 use dataplane::shm::{Shm, ShmConfig, ShmContext, ShmMr, ShmPd};
 use dataplane::verbs::AccessFlags;
@@ -17,11 +18,14 @@ use std::time::Duration;
 
 type Setup = (Arc<ShmContext>, ShmPd, ShmMr, BufferPool, Worker<Shm>, Arc<Control>);
 
+/// The source's limits of most tests: 10,000 messages, unpaced.
+const TEN_THOUSAND: SourceLimits = SourceLimits { rate: 0, count: 10_000, duration_ns: 0 };
+
 fn setup(test: &str, core: Option<usize>) -> Setup {
-    setup_with(test, core, false)
+    setup_with(test, core, false, TEN_THOUSAND)
 }
 
-fn setup_with(test: &str, core: Option<usize>, dropper: bool) -> Setup {
+fn setup_with(test: &str, core: Option<usize>, dropper: bool, limits: SourceLimits) -> Setup {
     let name = format!("worker-{test}-{}", std::process::id());
     let ctx = Arc::new(Shm::open(&ShmConfig { fabric: name, size: 32 << 20, huge: HugePolicy::Never }).unwrap());
     let pd = ctx.alloc_pd().unwrap();
@@ -61,7 +65,6 @@ fn setup_with(test: &str, core: Option<usize>, dropper: bool) -> Setup {
     let (qa, qb) = (w.qp_num(a), w.qp_num(b));
     w.connect(a, qb).unwrap();
     w.connect(b, qa).unwrap();
-    let limits = SourceLimits { rate: 0, count: 10_000, duration_ns: 0 };
     let first = if dropper { Target::Stage(3) } else { Target::Qp(a as u16) };
     w.add_stage("src", "source", Box::new(Source::new(32, limits, 16)), vec![first], None);
     w.add_stage("echo", "echo", Box::new(Echo), vec![], Some(b));
@@ -100,7 +103,7 @@ fn run_until(w: Worker<Shm>, ctl: &Control, rx: u64) -> dataplane::worker::Worke
 
 #[test]
 fn a_user_handler_between_stages_and_the_sink_counts_the_gaps() {
-    let (_ctx, _pd, _mr, pool, w, ctl) = setup_with("gaps", None, true);
+    let (_ctx, _pd, _mr, pool, w, ctl) = setup_with("gaps", None, true, TEN_THOUSAND);
     let r = run_until(w, &ctl, 18_000);
     let sink = r.stages.iter().find(|s| s.name == "sink").unwrap();
     assert_eq!(sink.msgs_in, 9_000, "{r:?}");
@@ -202,4 +205,33 @@ fn the_clock_counts_nanoseconds_since_its_base() {
     let t2 = std::thread::spawn(move || other.now_ns()).join().unwrap();
     assert!(t2 >= t1, "a clone on another thread reads {t2} ns after this thread read {t1} ns");
     assert!(t2 < t1 + 1_000_000_000, "a clone keeps the base: {t2} ns vs {t1} ns");
+}
+
+/// A paced source keeps its schedule: never ahead of `due_at_rate` (it skips its check between
+/// due times, `pipeline::due_time_ns`), and, stepped without pause, not far behind it.
+#[test]
+fn a_paced_source_keeps_its_schedule() {
+    let rate = 10_000;
+    let limits = SourceLimits { rate, count: 0, duration_ns: 0 };
+    let (_ctx, _pd, _mr, pool, mut w, _ctl) = setup_with("paced", None, false, limits);
+    let t0 = std::time::Instant::now();
+    w.step();
+    // The source's schedule starts at its first poll, inside that first step.
+    let first = t0.elapsed();
+    let mut last = first;
+    while last < Duration::from_millis(100) {
+        last = t0.elapsed();
+        w.step();
+    }
+    let end = t0.elapsed();
+    w.teardown();
+    let r = w.report();
+    let sent = r.stages.iter().find(|s| s.name == "src").unwrap().msgs_in;
+    let most = due_at_rate(end.as_nanos() as u64, rate);
+    assert!(sent <= most, "{sent} messages sent, at most {most} due after {end:?}");
+    // The last poll came at least `last - first` into the schedule. Half of what was due by
+    // then: a preempted test thread catches up 16 messages a loop, so only a stall fails.
+    let due = due_at_rate((last - first).as_nanos() as u64, rate);
+    assert!(sent >= due / 2, "{sent} messages sent, {due} due after {:?}", last - first);
+    assert_eq!(pool.outstanding(), 0);
 }
