@@ -31,7 +31,7 @@ pub const HEADER_LEN: usize = 16;
 /// Read from the CPU's invariant time-stamp counter when it has one (`quanta`: calibrated
 /// against CLOCK_MONOTONIC once per process, then `rdtsc` and a multiply-shift), and from
 /// CLOCK_MONOTONIC through the vDSO otherwise. Each read waits for the loads before it
-/// ([`after_prior_loads`]), as the vDSO's does: 18.8 ns a read on this VM against 23.5 ns for
+/// (`after_prior_loads`), as the vDSO's does: 18.8 ns a read on this VM against 23.5 ns for
 /// `clock_gettime` (9.6 ns unordered, which made the echo pipeline's latency read ~17% low: a
 /// sink's read ran ahead of the message's own bytes). The counter runs at the calibrated rate,
 /// not NTP's: it may drift from CLOCK_MONOTONIC by a few parts per million (4-5 ppm measured
