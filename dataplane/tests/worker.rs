@@ -207,8 +207,8 @@ fn the_clock_counts_nanoseconds_since_its_base() {
     assert!(t2 < t1 + 1_000_000_000, "a clone keeps the base: {t2} ns vs {t1} ns");
 }
 
-/// A paced source keeps its schedule: never ahead of `due_at_rate` (it skips its check between
-/// due times, `pipeline::due_time_ns`), and, stepped without pause, not far behind it.
+/// A paced source keeps its schedule: never ahead of `due_at_rate` (its `Pacer` skips the
+/// check between due times), and, stepped without pause, not far behind it.
 #[test]
 fn a_paced_source_keeps_its_schedule() {
     let rate = 10_000;

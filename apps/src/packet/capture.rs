@@ -13,7 +13,7 @@
 //! a forwarding path measured for its rate.
 
 use dataplane::net::pcap::{PcapFile, PcapWriter, SNAPLEN};
-use dataplane::pipeline::{due_at_rate, due_time_ns, Handler, Msg, StageCx, StageReport};
+use dataplane::pipeline::{Handler, Msg, Pacer, StageCx, StageReport};
 use serde::Deserialize;
 use std::fs::File;
 use std::io::BufWriter;
@@ -181,8 +181,7 @@ pub struct PcapReplay {
     sent: u64,
     too_long: u64,
     start_ns: Option<u64>,
-    /// When the next frame is due (paced replays), in ns after the first.
-    next_due_ns: u64,
+    pacer: Pacer,
 }
 
 impl PcapReplay {
@@ -209,7 +208,7 @@ impl PcapReplay {
             sent: 0,
             too_long: 0,
             start_ns: None,
-            next_due_ns: 0,
+            pacer: Pacer::new(p.rate),
         })
     }
 
@@ -240,12 +239,7 @@ impl Handler for PcapReplay {
         if self.rate != 0 {
             let now = cx.now_ns();
             let elapsed = now - *self.start_ns.get_or_insert(now);
-            // Nothing is due before the next frame's time: a comparison per idle loop, the
-            // 128-bit division only when frames go out.
-            if elapsed < self.next_due_ns {
-                return 0;
-            }
-            n = n.min(due_at_rate(elapsed, self.rate).saturating_sub(self.sent + self.too_long));
+            n = n.min(self.pacer.allowed(elapsed, self.sent + self.too_long));
         }
         // One frame per step, sent or skipped as too long: a file of frames all too long for
         // the pool cannot keep the loop here.
@@ -271,9 +265,6 @@ impl Handler for PcapReplay {
                 self.next = 0;
                 self.loops_done += 1;
             }
-        }
-        if self.rate != 0 {
-            self.next_due_ns = due_time_ns(self.sent + self.too_long, self.rate);
         }
         made
     }

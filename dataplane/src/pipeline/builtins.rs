@@ -135,8 +135,7 @@ pub struct Source {
     limits: SourceLimits,
     start_ns: Option<u64>,
     sent: u64,
-    /// When message `sent` is due (paced sources), in ns after the first.
-    next_due_ns: u64,
+    pacer: super::Pacer,
     burst: usize,
     finished: bool,
 }
@@ -149,7 +148,7 @@ impl Source {
             limits,
             start_ns: None,
             sent: 0,
-            next_due_ns: 0,
+            pacer: super::Pacer::new(limits.rate),
             burst: burst.max(1),
             finished: false,
         }
@@ -187,15 +186,11 @@ impl Handler for Source {
             self.finished = true;
             return 0;
         }
-        // Paced: nothing is due before the next message's time (computed when the last burst
-        // went out), so an idle loop pays a comparison, not a 128-bit division.
-        if l.rate != 0 && elapsed < self.next_due_ns {
+        let allowed = self.pacer.allowed(elapsed, self.sent);
+        if allowed == 0 {
             return 0;
         }
-        let mut n = cx.room().min(self.burst) as u64;
-        if l.rate != 0 {
-            n = n.min(super::due_at_rate(elapsed, l.rate).saturating_sub(self.sent));
-        }
+        let mut n = (cx.room().min(self.burst) as u64).min(allowed);
         if l.count != 0 {
             n = n.min(l.count - self.sent);
         }
@@ -210,9 +205,6 @@ impl Handler for Source {
             cx.stats().msgs_in.add(1);
             cx.stats().bytes_in.add(self.size as u64);
             cx.send(0, m);
-        }
-        if l.rate != 0 {
-            self.next_due_ns = super::due_time_ns(self.sent, l.rate);
         }
         made
     }

@@ -84,8 +84,7 @@ pub fn due_at_rate(elapsed_ns: u64, rate: u64) -> u64 {
 
 /// When message `index` (0-based) of a source pacing itself to `rate` per second is due, in
 /// nanoseconds after its first: the first elapsed time at which [`due_at_rate`] exceeds
-/// `index` (`u64::MAX` if never). A paced source computes it once per burst it emits and
-/// compares each loop's clock read against it, instead of a 128-bit division every loop.
+/// `index` (`u64::MAX` if never).
 #[inline]
 pub fn due_time_ns(index: u64, rate: u64) -> u64 {
     if rate == 0 {
@@ -93,6 +92,43 @@ pub fn due_time_ns(index: u64, rate: u64) -> u64 {
     }
     let t = (u128::from(index) * 1_000_000_000).div_ceil(u128::from(rate));
     u64::try_from(t).unwrap_or(u64::MAX)
+}
+
+/// The schedule of a source pacing itself to `rate` messages per second (0: unpaced): how many
+/// messages it may emit now. The built-in `source` and the packet apps' pcap replay use it.
+/// Between due times a check is one comparison: the next message's [`due_time_ns`] is kept
+/// with the count it was computed for, so the 128-bit divisions run only after messages went
+/// out, not on every loop of an idle worker.
+#[derive(Debug, Clone, Copy)]
+pub struct Pacer {
+    rate: u64,
+    /// The message count `next_due_ns` belongs to.
+    next: u64,
+    next_due_ns: u64,
+}
+
+impl Pacer {
+    /// A schedule of `rate` messages per second (0: unpaced), the first due at once.
+    pub fn new(rate: u64) -> Pacer {
+        Pacer { rate, next: 0, next_due_ns: 0 }
+    }
+
+    /// Messages that may go out `elapsed_ns` after the first was due, `done` having gone out:
+    /// what [`due_at_rate`] has due beyond `done` (`u64::MAX` when unpaced).
+    #[inline]
+    pub fn allowed(&mut self, elapsed_ns: u64, done: u64) -> u64 {
+        if self.rate == 0 {
+            return u64::MAX;
+        }
+        if done != self.next {
+            self.next = done;
+            self.next_due_ns = due_time_ns(done, self.rate);
+        }
+        if elapsed_ns < self.next_due_ns {
+            return 0;
+        }
+        due_at_rate(elapsed_ns, self.rate).saturating_sub(done)
+    }
 }
 
 impl Default for Clock {
@@ -447,5 +483,22 @@ mod tests {
         assert_eq!(due_time_ns(1, 1000), 1_000_000);
         assert_eq!(due_time_ns(u64::MAX, 1), u64::MAX);
         assert_eq!(due_time_ns(5, 0), u64::MAX);
+    }
+
+    /// A pacer allows exactly what `due_at_rate` has due beyond what went out, whether or not
+    /// its cached due time is current; unpaced, everything.
+    #[test]
+    fn a_pacer_allows_what_is_due() {
+        use super::{due_at_rate, Pacer};
+        let rate = 1000;
+        let mut p = Pacer::new(rate);
+        let mut done = 0;
+        for elapsed in (0..5_000_000u64).step_by(333_333) {
+            let want = due_at_rate(elapsed, rate).saturating_sub(done);
+            assert_eq!(p.allowed(elapsed, done), want, "{elapsed} ns, {done} out");
+            done += want.min(2);
+        }
+        assert_eq!(p.allowed(0, 7), 0, "nothing due yet: message 7 is due at 7 ms");
+        assert_eq!(Pacer::new(0).allowed(0, 1 << 40), u64::MAX);
     }
 }
