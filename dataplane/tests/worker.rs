@@ -1,11 +1,12 @@
 //! Worker behaviour outside the hot path: a failed pin is an error (and stops the pipeline);
 //! a worker run on its own thread until stopped returns every buffer; a send chain the QP
 //! refuses returns its buffers and send-queue room; the pipeline clock counts from its base;
-//! a paced source keeps its schedule.
+//! a paced source keeps its schedule; a burst of receives is stamped once.
 
 use dataplane::mem::{BufferPool, HugePolicy};
 use dataplane::pipeline::{
     due_at_rate, read_u64, Clock, Echo, Handler, Msg, Sink, Source, SourceLimits, StageCx, Target, SEQ_OFFSET,
+    TS_OFFSET,
 };
 use dataplane::shm::{Shm, ShmConfig, ShmContext, ShmMr, ShmPd};
 use dataplane::verbs::AccessFlags;
@@ -233,5 +234,67 @@ fn a_paced_source_keeps_its_schedule() {
     // then: a preempted test thread catches up 16 messages a loop, so only a stall fails.
     let due = due_at_rate((last - first).as_nanos() as u64, rate);
     assert!(sent >= due / 2, "{sent} messages sent, {due} due after {:?}", last - first);
+    assert_eq!(pool.outstanding(), 0);
+}
+
+/// What [`Probe`] saw of one message: the source's stamp, the burst's receive time, a fresh
+/// clock read.
+type Seen = (u64, u64, u64);
+
+/// User code: records each message's timestamp, `rx_time_ns` and `now_ns`, then drops it.
+struct Probe(Arc<std::sync::Mutex<Vec<Seen>>>);
+
+impl Handler for Probe {
+    fn on_message(&mut self, msg: Msg, cx: &mut StageCx<'_>) {
+        let ts = read_u64(cx.bytes(&msg), TS_OFFSET);
+        let (rx, now) = (cx.rx_time_ns(), cx.now_ns());
+        self.0.lock().unwrap().push((ts, rx, now));
+        cx.drop_msg(msg);
+    }
+}
+
+/// `rx_time_ns` reads the clock once per burst, and never stamps a message as received before
+/// its source stamped it: one worker runs a source through a QP into a probe (bursts of
+/// receives) and a second source straight into another probe (messages made after the
+/// receive burst of the same loop was stamped).
+#[test]
+fn a_burst_is_stamped_once_and_never_before_its_messages() {
+    let (_ctx, pd, _mr, pool, mut w, _ctl) = setup_with("rxtime", None, false, TEN_THOUSAND);
+    let (via_qp, local) = (Arc::new(std::sync::Mutex::new(Vec::new())), Arc::new(std::sync::Mutex::new(Vec::new())));
+    // The QP pair of `setup_with` runs src -> a -> b -> echo -> b -> a -> sink; a third pair
+    // feeds the first probe, and a source feeds the second directly.
+    let qp = |n: &str| QpParams { name: n.into(), send_depth: 64, signal_interval: 8, ..QpParams::default() };
+    let (c, d) = (w.add_qp(&pd, qp("c")).unwrap(), w.add_qp(&pd, qp("d")).unwrap());
+    let (qc, qd) = (w.qp_num(c), w.qp_num(d));
+    w.connect(c, qd).unwrap();
+    w.connect(d, qc).unwrap();
+    w.add_stage("probe-qp", "user", Box::new(Probe(via_qp.clone())), vec![], Some(d));
+    w.add_stage("src-qp", "source", Box::new(Source::new(32, TEN_THOUSAND, 16)), vec![Target::Qp(c as u16)], None);
+    let local_probe = w.add_stage("probe-local", "user", Box::new(Probe(local.clone())), vec![], None);
+    w.add_stage(
+        "src-local",
+        "source",
+        Box::new(Source::new(32, TEN_THOUSAND, 16)),
+        vec![Target::Stage(local_probe as u16)],
+        None,
+    );
+    let t0 = std::time::Instant::now();
+    while (via_qp.lock().unwrap().len() < 10_000 || local.lock().unwrap().len() < 10_000)
+        && t0.elapsed() < Duration::from_secs(20)
+    {
+        w.step();
+    }
+    w.teardown();
+    for (name, seen) in [("via a QP", &via_qp), ("from a local source", &local)] {
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 10_000, "{name}: messages seen");
+        for &(ts, rx, now) in seen.iter() {
+            assert!(ts <= rx && rx <= now, "{name}: stamped {ts}, burst received {rx}, handled {now}");
+        }
+        // Up to 32 messages a loop: far fewer readings than messages.
+        let mut times: Vec<u64> = seen.iter().map(|s| s.1).collect();
+        times.dedup();
+        assert!(times.len() <= seen.len() / 4, "{name}: {} receive times for {} messages", times.len(), seen.len());
+    }
     assert_eq!(pool.outstanding(), 0);
 }

@@ -63,7 +63,9 @@ impl Handler for Sequencer {
     }
 }
 
-/// Consumes messages; checks sequence numbers and records latency from their timestamps.
+/// Consumes messages; checks sequence numbers and records latency from their timestamps to
+/// their burst's receive time ([`StageCx::rx_time_ns`]: one clock read per burst, not per
+/// message).
 pub struct Sink {
     verify: bool,
     expected: u64,
@@ -100,7 +102,7 @@ impl Handler for Sink {
                 }
             }
             if let Some(h) = &mut self.hist {
-                let lat = cx.now_ns().saturating_sub(ts).max(1);
+                let lat = cx.rx_time_ns().saturating_sub(ts).max(1);
                 // Values above the bound are clamped; recording never allocates.
                 let _ = h.record(lat.min(h.high()));
                 cx.record_latency(lat);

@@ -6,6 +6,7 @@ use crate::mem::{BufferPool, PoolCache};
 use crate::pipeline::{Clock, Handler, LocalQueue, Msg, StageCx, Target};
 use crate::provider::{Context, Cq, Provider};
 use crate::verbs::{AsyncEventKind, WcStatus};
+use std::cell::Cell;
 use std::sync::atomic::Ordering;
 
 /// Loops between checks of asynchronous events.
@@ -20,6 +21,9 @@ impl<P: Provider> Worker<P> {
     pub fn step(&mut self) -> bool {
         let stats = &*self.stats;
         let mut work = 0usize;
+        // The iteration's receive time, read lazily by the first stage that asks for it
+        // (`StageCx::rx_time_ns`).
+        let rx_ns = Cell::new(0u64);
 
         // 1. Send completions: release the buffers of completed WRs.
         let n = self.scq.poll(&mut self.wc).unwrap_or_else(|_| {
@@ -50,7 +54,7 @@ impl<P: Provider> Worker<P> {
                 stats.errors.add(1);
                 0
             });
-            let env = StageEnv { pool: &self.pool, clock: &self.clock, stopping, max_len: self.max_msg };
+            let env = StageEnv { pool: &self.pool, clock: &self.clock, rx_ns: &rx_ns, stopping, max_len: self.max_msg };
             // Summed over the burst and added once: a counter update is a load and a store to
             // memory another process may map, not worth doing per message.
             let (mut rx_msgs, mut rx_bytes) = (0u64, 0u64);
@@ -105,9 +109,11 @@ impl<P: Provider> Worker<P> {
             stats.rx_bytes.add(rx_bytes);
             work += n;
         }
+        // Messages handed on below (some made by the sources) are a new burst.
+        rx_ns.set(0);
 
         // 4. Sources.
-        let env = StageEnv { pool: &self.pool, clock: &self.clock, stopping, max_len: self.max_msg };
+        let env = StageEnv { pool: &self.pool, clock: &self.clock, rx_ns: &rx_ns, stopping, max_len: self.max_msg };
         for (s, qps, done) in &mut self.sources {
             // Stages handling receives above may also have used these QPs: count what waits
             // in the queue against the room.
@@ -190,6 +196,7 @@ impl<P: Provider> Worker<P> {
 struct StageEnv<'a> {
     pool: &'a BufferPool,
     clock: &'a Clock,
+    rx_ns: &'a Cell<u64>,
     stopping: bool,
     max_len: u32,
 }
@@ -218,6 +225,7 @@ impl<'a> StageEnv<'a> {
             stats,
             latency,
             clock: self.clock,
+            rx_ns: self.rx_ns,
             room,
             stopping: self.stopping,
             max_len: self.max_len,
