@@ -92,6 +92,30 @@ pub(crate) fn push_cqe_to(f: &Fabric, ring: &CqRing, head_seen: &mut u64, cqn: u
     }
 }
 
+/// [`push_cqe_to`] of a successful receive completion that carries its payload, read from
+/// `src` (`CqRing::push_inline_recv`, whose contract `src` keeps); `solicited` as in [`Cqe`].
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn push_inline_recv_to(
+    f: &Fabric,
+    ring: &CqRing,
+    head_seen: &mut u64,
+    cqn: u32,
+    channel: bool,
+    wc: &WorkCompletion,
+    dst_off: u64,
+    src: *const u8,
+    solicited: bool,
+) {
+    if ring.push_inline_recv(head_seen, wc, dst_off, src) {
+        if channel {
+            signal_if_armed(f, cqn, solicited);
+        }
+    } else {
+        overrun(f, cqn);
+    }
+}
+
 /// After a push into a CQ with a channel: notifies it if armed for this CQE (`urgent`: the
 /// CQE is solicited or an error, which also wakes a solicited-only arming).
 #[inline(never)]
@@ -251,7 +275,9 @@ impl crate::provider::Cq for ShmCq {
         let f = sh.fabric();
         let mut n = 0;
         while let Some(out) = wc.get_mut(n) {
-            let Some(retire) = sh.ring.pop(out) else { break };
+            let Some(retire) = sh.ring.pop(out, |off, src, n| super::place::place_inline(f, off, src, n)) else {
+                break;
+            };
             if let Some(i) = retire {
                 f.retire_send(out.qp_num, i);
             }

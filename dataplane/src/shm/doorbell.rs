@@ -14,6 +14,7 @@ use super::mr::mr_lookup;
 use super::place::*;
 use super::recvq::{self, MAX_SGE};
 use super::sq::{BlockKind, Blocked, SqState};
+use super::wire::INLINE_CQE_MAX;
 use crate::net::frame::FrameKey;
 use crate::net::tso::TsoPlan;
 use crate::verbs::*;
@@ -239,7 +240,8 @@ pub(crate) fn post_fast<const XRC: bool>(
         if !taken {
             return false;
         }
-        if st.rx.n == 1 && place_one(f, pd, &st.rx.sges[0], src, len) {
+        let dst = if st.rx.n == 1 { recv_dst(f, pd, &st.rx.sges[0], len) } else { None };
+        if let Some(dst) = dst {
             let imm = op == WrOpcode::SendWithImm;
             let wc = WorkCompletion {
                 wr_id: st.rx.wr_id,
@@ -252,7 +254,15 @@ pub(crate) fn post_fast<const XRC: bool>(
                 slid: st.lid,
                 ..Default::default()
             };
-            push_recv_wc(f, d, &wc, wr.flags.contains(SendFlags::SOLICITED));
+            let solicited = wr.flags.contains(SendFlags::SOLICITED);
+            // Small payloads ride in the CQE (scatter-to-CQE): the receiver's poll places
+            // them, so only the CQE's line crosses cores.
+            if len <= INLINE_CQE_MAX {
+                push_recv_wc_inline(f, d, &wc, dst, src, solicited);
+            } else {
+                copy_translated(src, dst, len);
+                push_recv_wc(f, d, &wc, solicited);
+            }
             WcStatus::Success
         } else {
             let sender = Sender { qp_type: st.qp_type, qpn: st.qpn, lid: st.lid };

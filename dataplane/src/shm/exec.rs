@@ -11,7 +11,7 @@
 //! length that comes from shared memory (a peer's receive request, an rkey) is checked against
 //! the MR table and the fabric bounds before a byte moves.
 
-use super::cq::{push_cqe_to, Cqe};
+use super::cq::{push_cqe_to, push_inline_recv_to, Cqe};
 use super::dest::*;
 use super::fabric::{atomic_u64_at, Fabric};
 use super::layout::*;
@@ -73,6 +73,25 @@ pub(crate) fn no_receive(f: &Fabric, d: &DestView, reliable: bool) -> Outcome {
 pub(crate) fn push_recv_wc(f: &Fabric, d: &DestView, wc: &WorkCompletion, solicited: bool) {
     let mut seen = d.cq_head.get();
     push_cqe_to(f, &d.cq, &mut seen, d.cqn, d.cq_channel, &Cqe { wc: *wc, retire: None, solicited });
+    d.cq_head.set(seen);
+}
+
+/// [`push_recv_wc`] of a SEND of at most `INLINE_CQE_MAX` bytes: the bytes ride in the CQE
+/// and the receiver's poll copies them to `dst`, the receive buffer the caller checked
+/// (`recv_dst`). `src` as for `copy_translated`.
+#[inline]
+pub(crate) fn push_recv_wc_inline(
+    f: &Fabric,
+    d: &DestView,
+    wc: &WorkCompletion,
+    dst: *mut u8,
+    src: *const u8,
+    solicited: bool,
+) {
+    let mut seen = d.cq_head.get();
+    // `dst` came from `MrView::translate`, so it lies in the arena: its offset is exact.
+    let dst_off = (dst as u64).wrapping_sub(f.base_addr());
+    push_inline_recv_to(f, &d.cq, &mut seen, d.cqn, d.cq_channel, wc, dst_off, src, solicited);
     d.cq_head.set(seen);
 }
 

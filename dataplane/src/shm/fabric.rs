@@ -389,6 +389,12 @@ impl Fabric {
         Some(unsafe { self.base.add(off as usize) })
     }
 
+    /// Where this process mapped the fabric (offset 0).
+    #[inline(always)]
+    pub(crate) fn base_addr(&self) -> u64 {
+        self.base as u64
+    }
+
     /// The fabric offset of a local address, if it lies inside the arena.
     pub(crate) fn offset_of(&self, addr: u64, len: u64) -> Option<u64> {
         let off = addr.checked_sub(self.base as u64)?;

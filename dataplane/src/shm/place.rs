@@ -1,9 +1,11 @@
 //! Placement: moving a message's bytes. A send's gather list is resolved to segments of this
 //! process (`resolve_local`), a receive request to segments of the receiver's registered
 //! memory (`resolve_recv`, every address checked against the MR table and the fabric), and
-//! the bytes are copied across (`copy_sg`, `place`, `place_one`). The last stage before the
+//! the bytes are copied across (`copy_sg`, `place`, `recv_dst` + `copy_translated`), or, for a
+//! small SEND, carried in the CQE and placed by the receiver's poll (`place_inline`). The last stage before the
 //! completion; it calls only the MR table and the receive-request codec.
 
+pub(crate) use super::cell::copy_one;
 use super::fabric::Fabric;
 use super::mr::mr_lookup;
 use super::recvq::{recv_sge_len, RecvEntry, MAX_SGE};
@@ -19,31 +21,6 @@ pub(crate) struct Seg {
 impl Default for Seg {
     fn default() -> Self {
         Seg { ptr: std::ptr::null_mut(), len: 0 }
-    }
-}
-
-/// `ptr::copy(src, dst, n)`, with 4 to 16 bytes copied inline: both (possibly overlapping)
-/// words are loaded before either is stored, so overlapping ranges come out as with `copy`,
-/// and the call into libc's memmove (~20 instructions of an 8-byte SEND) is skipped.
-///
-/// # Safety
-/// As for `ptr::copy`: `src` readable and `dst` writable for `n` bytes.
-#[inline(always)]
-pub(crate) unsafe fn copy_one(src: *const u8, dst: *mut u8, n: usize) {
-    // SAFETY: every access is inside `[src, src + n)` or `[dst, dst + n)` (8 <= n <= 16, or
-    // 4 <= n < 8 for the 4-byte words), per the contract; unaligned accesses are used.
-    unsafe {
-        if (8..=16).contains(&n) {
-            let (a, b) = ((src as *const u64).read_unaligned(), (src.add(n - 8) as *const u64).read_unaligned());
-            (dst as *mut u64).write_unaligned(a);
-            (dst.add(n - 8) as *mut u64).write_unaligned(b);
-        } else if (4..8).contains(&n) {
-            let (a, b) = ((src as *const u32).read_unaligned(), (src.add(n - 4) as *const u32).read_unaligned());
-            (dst as *mut u32).write_unaligned(a);
-            (dst.add(n - 4) as *mut u32).write_unaligned(b);
-        } else {
-            std::ptr::copy(src, dst, n);
-        }
     }
 }
 
@@ -143,9 +120,11 @@ pub(crate) fn place<const N: usize>(
     }
 }
 
-/// Places `len` bytes from `src` into the one-SGE receive request `r`, if its lkey names an
-/// MR (not a window) of PD `pd` (the receiving QP's, or its SRQ's) with LOCAL_WRITE whose
-/// range holds the SGE, and the SGE holds the message. False, with nothing written, otherwise.
+/// The receive buffer of the one-SGE request `r` for a message of `len` bytes: `r`'s lkey
+/// names an MR (not a window) of PD `pd` (the receiving QP's, or its SRQ's) with LOCAL_WRITE
+/// whose range holds the SGE, and the SGE holds the message. `None` otherwise. The caller
+/// either copies (`copy_translated`) or hands the bytes to the receiver's poll in the CQE
+/// (`CqRing::push_inline_recv`).
 ///
 /// The MR is looked up for every request. Reusing the last one across a post list (as the
 /// sender's lkey could be, see docs/shm-provider.md "MR lookups once per post list") saves
@@ -153,19 +132,31 @@ pub(crate) fn place<const N: usize>(
 /// between two cores in every interleaved pair; the cause is not understood (no hardware
 /// counters in this VM), so neither side reuses it.
 #[inline(always)]
-pub(crate) fn place_one(f: &Fabric, pd: u32, r: &Sge, src: *mut u8, len: usize) -> bool {
+pub(crate) fn recv_dst(f: &Fabric, pd: u32, r: &Sge, len: usize) -> Option<*mut u8> {
     let cap = recv_sge_len(r);
-    let dst = mr_lookup(f, r.lkey)
+    if len as u64 > cap {
+        return None;
+    }
+    mr_lookup(f, r.lkey)
         .filter(|m| !m.window && m.pd == pd && m.access.contains(AccessFlags::LOCAL_WRITE))
-        .and_then(|m| m.translate(f, r.addr, cap));
-    match dst {
-        Some(dst) if len as u64 <= cap => {
-            // `src` was checked for `len` bytes against the sender's MR, `dst` for `cap >= len`
-            // bytes against the receiver's.
-            copy_translated(src, dst, len);
+        .and_then(|m| m.translate(f, r.addr, cap))
+}
+
+/// The poll's side of a receive completion that carries its payload (`CqeInline`): copies
+/// `n` bytes from `src` (inside the CQE's cell) to fabric offset `off`, the receive buffer the
+/// sender checked. False, writing nothing, if the range is not inside the fabric's arena (a
+/// corrupt CQE: the completion then reads as an error).
+#[inline(always)]
+pub(crate) fn place_inline(f: &Fabric, off: u64, src: *const u8, n: usize) -> bool {
+    match f.ptr(off, n as u64) {
+        Some(dst) => {
+            // SAFETY: `ptr` checked `[off, off + n)` to lie inside the mapped arena, and `src`
+            // is readable for `n` bytes (the claimed CQE cell, `CqRing::pop`); `copy_one`
+            // tolerates overlap (only a corrupt offset pointing into the CQ ring makes one).
+            unsafe { copy_one(src, dst, n) };
             true
         }
-        _ => false,
+        None => false,
     }
 }
 

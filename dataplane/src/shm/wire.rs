@@ -17,6 +17,7 @@
 //! | record | ring | bytes |
 //! |---|---|---|
 //! | [`CqeRecord`] | a CQ | 48 of the 56-byte payload |
+//! | [`CqeInline`] (a receive completion carrying its payload) | a CQ | 56 |
 //! | [`RecvHeader`] + [`SgeRecord`] × n | a receive queue or SRQ | 16 + 16 n |
 //! | [`EventRecord`] | a context's async events, a completion channel | 8 |
 //!
@@ -123,8 +124,90 @@ impl CqeRecord {
     }
 }
 
+/// Most payload bytes a receive completion carries inside its CQE ([`CqeInline`]).
+pub(crate) const INLINE_CQE_MAX: usize = 20;
+
+/// The value of [`CqeRecord::opcode`] that marks a cell as holding a [`CqeInline`] (no
+/// [`WcOpcode`] has it: an old reader decodes it as an unknown opcode, a GeneralErr).
+const KIND_INLINE_RECV: u8 = 0xFF;
+
+/// A successful receive completion of a SEND of at most [`INLINE_CQE_MAX`] bytes that carries
+/// the payload itself (scatter-to-CQE, as mlx5 does for small messages): the sender checked
+/// the receive request's buffer and writes its fabric offset here instead of copying the
+/// bytes into it; the receiver's poll copies them there before it returns the completion.
+/// The message then moves one cache line between the two cores (the CQE's) instead of two or
+/// three (the CQE, the buffer's line written by the sender, then read by the receiver).
+/// `kind` lies where [`CqeRecord::opcode`] does and tells the two apart.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct CqeInline {
+    pub wr_id: u64,
+    pub byte_len: u32,
+    pub imm_data: u32,
+    pub qp_num: u32,
+    pub src_qp: u32,
+    /// Fabric offset of the receive buffer (checked by the sender against the receiver's MR,
+    /// and by the poll against the fabric).
+    pub dst_off: u64,
+    pub slid: u16,
+    /// Bit 0: the message carried an immediate (`WcFlags::WITH_IMM`).
+    pub flags: u8,
+    /// [`KIND_INLINE_RECV`].
+    pub kind: u8,
+    pub data: [u8; INLINE_CQE_MAX],
+}
+
+// SAFETY: repr(C), integers and a byte array only, no implicit padding (the checks below).
+unsafe impl Plain for CqeInline {}
+const _: () = assert!(size_of::<CqeInline>() == 56);
+const _: () = assert!(std::mem::offset_of!(CqeInline, kind) == std::mem::offset_of!(CqeRecord, opcode));
+const _: () = assert!(std::mem::offset_of!(CqeInline, data) + INLINE_CQE_MAX == 56);
+const _: () = assert!(super::layout::CQE_STRIDE - 8 >= size_of::<CqeInline>());
+
+impl CqeInline {
+    /// Decodes the record into `wc`, first handing its payload to `place` (the buffer's
+    /// fabric offset, the bytes' address inside the cell and their count; false if it cannot
+    /// take them). A length beyond the record or a refused placement (bytes a corrupt peer
+    /// wrote) reads as a GeneralErr completion. Field by field, as `CqeRecord::decode_in`.
+    ///
+    /// # Safety
+    /// A `CqeInline` lies at the start of the payload.
+    #[inline(always)]
+    unsafe fn decode_in(
+        cell: &CellRef<'_>,
+        wc: &mut WorkCompletion,
+        place: impl FnOnce(u64, *const u8, usize) -> bool,
+    ) {
+        debug_assert!(fits::<CqeInline>(0, cell.len()), "record outside its cell");
+        let r = cell.as_ptr() as *const CqeInline;
+        macro_rules! field {
+            ($f:ident) => {
+                // SAFETY: the field lies inside the record, which lies inside the payload
+                // (contract); unaligned because payloads are only 8-byte aligned.
+                unsafe { std::ptr::addr_of!((*r).$f).read_unaligned() }
+            };
+        }
+        let len = field!(byte_len);
+        // SAFETY: the data field lies inside the record (contract).
+        let data = unsafe { std::ptr::addr_of!((*r).data) } as *const u8;
+        let placed = len as usize <= INLINE_CQE_MAX && place(field!(dst_off), data, len as usize);
+        *wc = WorkCompletion {
+            wr_id: field!(wr_id),
+            byte_len: len,
+            imm_data: field!(imm_data),
+            qp_num: field!(qp_num),
+            src_qp: field!(src_qp),
+            slid: field!(slid),
+            opcode: WcOpcode::Recv,
+            wc_flags: if field!(flags) & 1 != 0 { WcFlags::WITH_IMM } else { WcFlags::empty() },
+            status: if placed { WcStatus::Success } else { WcStatus::GeneralErr },
+            ..WorkCompletion::default()
+        };
+    }
+}
+
 /// A CQ's ring: a head-tracked [`Ring`] whose cells are known, from its construction, to
-/// hold a [`CqeRecord`], so pushing and polling a completion (twice per message) need no
+/// hold a [`CqeRecord`] or a [`CqeInline`], so pushing and polling a completion (twice per message) need no
 /// per-record bounds check. (Checked per record, the two checks measured 40 instructions per
 /// message in `profile_post_poll`: the record could no longer be written straight into the
 /// cell.)
@@ -135,7 +218,8 @@ impl CqRing {
     /// Wraps `ring` if its cells hold a [`CqeRecord`] (CQ rings are made with
     /// `layout::CQE_STRIDE`, whose payload does: asserted above).
     pub(crate) fn new(ring: Ring) -> Option<CqRing> {
-        (ring.payload_len() >= size_of::<CqeRecord>()).then_some(CqRing(ring))
+        let record = size_of::<CqeRecord>().max(size_of::<CqeInline>());
+        (ring.payload_len() >= record).then_some(CqRing(ring))
     }
 
     /// The ring underneath (capacity, queued entries).
@@ -151,14 +235,72 @@ impl CqRing {
         self.0.push_tracked(head_seen, |mut c| unsafe { c.put_unchecked(0, || CqeRecord::of(wc, retire)) })
     }
 
-    /// Polls the oldest completion into `wc` (the CQ's only consumer:
-    /// [`Ring::pop_single_tracked`]). `None` if the CQ is empty; `Some(retire)` with the send
-    /// WQE it retires otherwise.
+    /// Pushes the successful receive completion `wc` of a SEND of `wc.byte_len <=`
+    /// [`INLINE_CQE_MAX`] bytes with the bytes themselves, read from `src`, for the poll to
+    /// copy into the receive buffer at fabric offset `dst_off` ([`CqeInline`]). False if the
+    /// CQ is full.
+    ///
+    /// `src` must be readable for `wc.byte_len` bytes: a pointer `MrView::translate` (or
+    /// `Fabric::ptr`) returned for at least that many, as for `place::copy_translated`.
     #[inline(always)]
-    pub(crate) fn pop(&self, wc: &mut WorkCompletion) -> Option<Option<u32>> {
+    pub(crate) fn push_inline_recv(
+        &self,
+        head_seen: &mut u64,
+        wc: &WorkCompletion,
+        dst_off: u64,
+        src: *const u8,
+    ) -> bool {
+        let len = (wc.byte_len as usize).min(INLINE_CQE_MAX);
+        let flags = wc.wc_flags.contains(WcFlags::WITH_IMM) as u8;
+        self.0.push_tracked(head_seen, |mut c| {
+            use std::mem::offset_of;
+            macro_rules! put {
+                ($f:ident, $v:expr) => {
+                    // SAFETY: every cell of this ring holds a CqeInline (`new`), so each of
+                    // its fields lies inside the payload.
+                    unsafe { c.put_unchecked(offset_of!(CqeInline, $f), || $v) }
+                };
+            }
+            put!(wr_id, wc.wr_id);
+            put!(byte_len, len as u32);
+            put!(imm_data, wc.imm_data);
+            put!(qp_num, wc.qp_num);
+            put!(src_qp, wc.src_qp);
+            put!(dst_off, dst_off);
+            put!(slid, wc.slid);
+            put!(flags, flags);
+            put!(kind, KIND_INLINE_RECV);
+            // SAFETY: `data` holds `len <= INLINE_CQE_MAX` bytes inside the payload (`new`);
+            // `src` is readable for `wc.byte_len >= len` bytes (the contract above).
+            unsafe { c.put_bytes_unchecked(offset_of!(CqeInline, data), src, len) };
+        })
+    }
+
+    /// Polls the oldest completion into `wc` (the CQ's only consumer:
+    /// [`Ring::pop_single_tracked`]); a [`CqeInline`]'s payload goes to `place` first (the
+    /// receive buffer's fabric offset, the bytes' address in the cell, valid only during the
+    /// call, and their count; false if it cannot take them). `None` if
+    /// the CQ is empty; `Some(retire)` with the send WQE it retires otherwise.
+    #[inline(always)]
+    pub(crate) fn pop(
+        &self,
+        wc: &mut WorkCompletion,
+        place: impl FnOnce(u64, *const u8, usize) -> bool,
+    ) -> Option<Option<u32>> {
         let mut retire = None;
-        // SAFETY: as in `push`.
-        match self.0.pop_single_tracked(|c| retire = unsafe { CqeRecord::decode_in(&c, wc) }) {
+        let read = |c: CellRef<'_>| {
+            // SAFETY: every cell holds a CqeRecord and a CqeInline (`new`), and both have
+            // their kind byte at this offset.
+            let kind: u8 = unsafe { c.get_unchecked(std::mem::offset_of!(CqeRecord, opcode)) };
+            if kind == KIND_INLINE_RECV {
+                // SAFETY: as above.
+                unsafe { CqeInline::decode_in(&c, wc, place) }
+            } else {
+                // SAFETY: as above.
+                retire = unsafe { CqeRecord::decode_in(&c, wc) };
+            }
+        };
+        match self.0.pop_single_tracked(read) {
             Pop::Item => Some(retire),
             // (`pop_single_tracked` never stalls: it does not loop.)
             Pop::Empty | Pop::Stalled => None,
@@ -369,6 +511,82 @@ mod tests {
         let mut out = RecvEntry::default();
         assert!(matches!(recv.pop(&mut out), Pop::Item));
         assert_eq!(out.n, 2);
+    }
+
+    /// Private memory for a small ring, aligned as the fabric's rings are.
+    #[repr(C, align(128))]
+    struct RingMem([u64; 128]);
+
+    /// A CQ ring of four 64-byte cells in `mem`.
+    fn cq_ring(mem: &mut RingMem) -> CqRing {
+        assert!(crate::shm::ring::RING_HEADER_LEN + 4 * 64 <= std::mem::size_of::<RingMem>());
+        // SAFETY: 1 KiB of private memory aligned to 128, which holds the ring header and four
+        // cells of 8 + 56 bytes (asserted), alive as long as the test uses the ring.
+        let ring = unsafe { Ring::init(mem.0.as_mut_ptr() as *mut u8, 4, super::super::layout::CQE_STRIDE) };
+        CqRing::new(ring).unwrap()
+    }
+
+    /// Scatter-to-CQE: the bytes of a small receive ride in the CQE and reach the buffer's
+    /// offset only through the poll's `place`, with the completion's fields intact; a plain
+    /// CQE in the same ring still decodes as before.
+    #[test]
+    fn an_inline_receive_cqe_carries_its_bytes_to_the_poll() {
+        let mut mem = Box::new(RingMem([0; 128]));
+        let cq = cq_ring(&mut mem);
+        let payload: Vec<u8> = (1..=INLINE_CQE_MAX as u8).collect();
+        for len in [0usize, 1, 4, 8, 15, 16, 17, 20] {
+            let wc = WorkCompletion {
+                wr_id: 1000 + len as u64,
+                byte_len: len as u32,
+                imm_data: 0xabcd,
+                wc_flags: WcFlags::WITH_IMM,
+                qp_num: 7,
+                src_qp: 8,
+                slid: 9,
+                opcode: WcOpcode::Recv,
+                ..Default::default()
+            };
+            let mut head_seen = 0;
+            assert!(cq.push_inline_recv(&mut head_seen, &wc, 4096 + len as u64, payload.as_ptr()));
+            let mut placed = None;
+            let mut back = WorkCompletion::default();
+            let got = cq.pop(&mut back, |off, src, n| {
+                // SAFETY: `pop` hands the CQE's bytes, readable for `n` bytes during the call.
+                placed = Some((off, unsafe { std::slice::from_raw_parts(src, n) }.to_vec()));
+                true
+            });
+            assert_eq!(got, Some(None), "a receive CQE retires nothing");
+            assert_eq!(back, wc, "{len} bytes");
+            assert_eq!(placed, Some((4096 + len as u64, payload[..len].to_vec())), "{len} bytes");
+        }
+        // The same ring still carries plain CQEs.
+        let wc = WorkCompletion { wr_id: 5, opcode: WcOpcode::Send, ..Default::default() };
+        assert!(cq.push(&mut 0, &wc, Some(3)));
+        let mut back = WorkCompletion::default();
+        assert_eq!(cq.pop(&mut back, |_, _, _| panic!("a plain CQE has no payload")), Some(Some(3)));
+        assert_eq!(back, wc);
+    }
+
+    /// A corrupt inline CQE (a length past the record, or a buffer the poll refuses) is an
+    /// error completion, and nothing is placed for a bad length.
+    #[test]
+    fn a_corrupt_inline_cqe_is_an_error_completion() {
+        let mut mem = Box::new(RingMem([0; 128]));
+        let cq = cq_ring(&mut mem);
+        let wc = WorkCompletion { wr_id: 1, byte_len: 8, opcode: WcOpcode::Recv, ..Default::default() };
+        let bytes = [0u8; 8];
+        assert!(cq.push_inline_recv(&mut 0, &wc, 64, bytes.as_ptr()));
+        let mut back = WorkCompletion::default();
+        assert!(cq.pop(&mut back, |_, _, _| false).is_some());
+        assert_eq!((back.wr_id, back.status), (1, WcStatus::GeneralErr), "the poll refused the buffer");
+
+        assert!(cq.push_inline_recv(&mut 0, &wc, 64, bytes.as_ptr()));
+        // A peer rewrites the length (the second cell's payload: after the ring header, the
+        // first cell and the second cell's sequence word).
+        let word = (crate::shm::ring::RING_HEADER_LEN + 64 + 8 + std::mem::offset_of!(CqeInline, byte_len)) / 8;
+        mem.0[word] = (mem.0[word] & !0xffff_ffff) | (INLINE_CQE_MAX as u64 + 1);
+        assert!(cq.pop(&mut back, |_, _, _| panic!("a length past the record is not placed")).is_some());
+        assert_eq!(back.status, WcStatus::GeneralErr);
     }
 
     #[test]
