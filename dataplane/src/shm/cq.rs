@@ -116,6 +116,13 @@ pub(crate) fn push_inline_recv_to(
     }
 }
 
+/// After a receive completion was published into CQ `cqn`, which has a completion channel:
+/// notifies it if armed for that CQE (`solicited`: the SEND was).
+#[inline]
+pub(crate) fn signal_recv(f: &Fabric, cqn: u32, solicited: bool) {
+    signal_if_armed(f, cqn, solicited);
+}
+
 /// After a push into a CQ with a channel: notifies it if armed for this CQE (`urgent`: the
 /// CQE is solicited or an error, which also wakes a solicited-only arming).
 #[inline(never)]

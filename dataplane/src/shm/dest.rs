@@ -3,7 +3,7 @@
 //! for liveness every [`LIVENESS_EVERY`] one-sided operations), an XRC SRQ number through
 //! the connected XRC_RECV QP (`resolve_xrc`), an rkey to the remote MR (`remote_mr`), an
 //! address handle's encoding (`AH_*`) and a port's GID (`gid`). Taking a receive request off
-//! the target's queue (`take_recv`, `srq_take`) is the destination's last step.
+//! the target's queue (`take_recv`, `srq_take_held`) is the destination's last step.
 
 use super::cq::has_channel;
 use super::fabric::{pid_alive, Fabric};
@@ -205,11 +205,12 @@ pub(crate) fn take_recv(f: &Fabric, d: &DestView, rx: &mut RecvEntry) -> bool {
     }
 }
 
-/// `SrqView::take` kept out of line: inlined into the fast path, it made the RQ case ~17
-/// instructions dearer per message (callgrind), for register pressure and frame size.
+/// `SrqView::take_held` kept out of line: inlined into the fast path, the take made the RQ
+/// case ~17 instructions dearer per message (callgrind), for register pressure and frame
+/// size.
 #[inline(never)]
-pub(crate) fn srq_take(f: &Fabric, srq: &SrqView, rx: &mut RecvEntry) -> bool {
-    srq.take(f, rx)
+pub(crate) fn srq_take_held(f: &Fabric, srq: &SrqView, rx: &mut RecvEntry) -> Option<u64> {
+    srq.take_held(f, rx)
 }
 
 /// A send queue's cached view of the members of the multicast group it last sent to.

@@ -13,7 +13,7 @@ use super::layout::*;
 use super::mr::mr_lookup;
 use super::place::*;
 use super::recvq::{self, MAX_SGE};
-use super::sq::{BlockKind, Blocked, SqState};
+use super::sq::{BlockKind, Blocked, HeldRecv, SqState, MAX_HELD};
 use super::wire::INLINE_CQE_MAX;
 use crate::net::frame::FrameKey;
 use crate::net::tso::TsoPlan;
@@ -129,14 +129,19 @@ pub(crate) fn post_send(f: &Fabric, st: &mut SqState, chain: &SendChain) -> std:
         }
     }
     let mut retired = st.slot().sq_retired.load(Ordering::Acquire);
+    let last = chain.wrs().len().saturating_sub(1);
     for (i, wr) in chain.wrs().iter().enumerate() {
         let sges = chain.sges_of(wr);
         let inline = chain.inline_of(wr);
         if let ([sge], None) = (sges, inline) {
-            if post_fast::<false>(f, st, wr, sge, &mut state, &mut retired) {
+            // Hold a SEND's receiver-side stores while more WRs follow (`HeldRecv`); the last
+            // one, and a post of one WR, gain nothing from it.
+            if post_fast::<false>(f, st, wr, sge, &mut state, &mut retired, i < last) {
                 continue;
             }
         }
+        // Everything below completes in posting order after the held SENDs.
+        publish_held(f, &mut st.held);
         // Most WRs have one SGE (or inline bytes, one segment): their segments fit an array
         // of one, which costs nothing to initialise, unlike room for MAX_SGE. TSO goes out of
         // line with the multi-SGE WRs (kept out of this loop: its call here made LLVM stop
@@ -147,6 +152,7 @@ pub(crate) fn post_send(f: &Fabric, st: &mut SqState, chain: &SendChain) -> std:
             post_many(f, st, wr, sges, inline, chain, i, &mut state, &mut retired)?;
         }
     }
+    publish_held(f, &mut st.held);
     Ok(())
 }
 
@@ -167,6 +173,7 @@ pub(crate) fn post_send(f: &Fabric, st: &mut SqState, chain: &SendChain) -> std:
 /// checks, is finished by the general code ([`deliver_taken`]), so the receiver sees the
 /// same completion either way.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn post_fast<const XRC: bool>(
     f: &Fabric,
     st: &mut SqState,
@@ -174,6 +181,7 @@ pub(crate) fn post_fast<const XRC: bool>(
     sge: &Sge,
     state: &mut QpState,
     retired: &mut u32,
+    hold: bool,
 ) -> bool {
     let op = wr.opcode;
     let is_send = matches!(op, WrOpcode::Send | WrOpcode::SendWithImm);
@@ -231,15 +239,15 @@ pub(crate) fn post_fast<const XRC: bool>(
         // An SRQ is consumed with the MPMC pop (`SrqView::take`, which also raises the limit
         // event); a tag-matching SRQ goes the general way (it may match the message).
         // (`resolve_dest` gives a target an RQ or an SRQ, never both.)
-        let taken = match (&d.rq, &d.srq) {
-            (Some(rq), _) => recvq::pop(rq, &mut st.rx),
-            (None, Some(srq)) if srq.tm.is_none() => srq_take(f, srq, &mut st.rx),
+        let (rq, taken) = match (&d.rq, &d.srq) {
+            (Some(rq), _) => (**rq, recvq::pop_held(rq, &mut st.rx)),
+            (None, Some(srq)) if srq.tm.is_none() => (*srq.ring, srq_take_held(f, srq, &mut st.rx)),
             _ => return false,
         };
         let pd = d.srq.map_or(d.pd, |s| s.pd);
-        if !taken {
+        let Some(rq_pos) = taken else {
             return false;
-        }
+        };
         let dst = if st.rx.n == 1 { recv_dst(f, pd, &st.rx.sges[0], len) } else { None };
         if let Some(dst) = dst {
             let imm = op == WrOpcode::SendWithImm;
@@ -255,16 +263,51 @@ pub(crate) fn post_fast<const XRC: bool>(
                 ..Default::default()
             };
             let solicited = wr.flags.contains(SendFlags::SOLICITED);
-            // Small payloads ride in the CQE (scatter-to-CQE): the receiver's poll places
-            // them, so only the CQE's line crosses cores.
-            if len <= INLINE_CQE_MAX {
-                push_recv_wc_inline(f, d, &wc, dst, src, solicited);
+            // Hold the receiver-side stores until the chain's claims are made (`HeldRecv`);
+            // XRC (out of line), the chain's last WR and a CQ that is full (its overrun) do
+            // them now.
+            let claimed = if XRC || !hold {
+                None
             } else {
-                copy_translated(src, dst, len);
-                push_recv_wc(f, d, &wc, solicited);
+                let mut seen = d.cq_head.get();
+                let c = d.cq.claim(&mut seen);
+                d.cq_head.set(seen);
+                c
+            };
+            if let Some(cq_pos) = claimed {
+                if st.held.len() == MAX_HELD {
+                    publish_held(f, &mut st.held);
+                }
+                let base = f.base_addr();
+                st.held.push(HeldRecv {
+                    rq,
+                    rq_pos,
+                    cq: d.cq,
+                    cq_pos,
+                    cqn: d.cqn,
+                    channel: d.cq_channel,
+                    solicited,
+                    wc,
+                    // Both pointers lie in the fabric (checked against MRs or the arena).
+                    dst_off: (dst as u64).wrapping_sub(base),
+                    src_off: (src as u64).wrapping_sub(base),
+                });
+            } else {
+                rq.release(rq_pos);
+                // Small payloads ride in the CQE (scatter-to-CQE): the receiver's poll
+                // places them, so only the CQE's line crosses cores.
+                if len <= INLINE_CQE_MAX {
+                    push_recv_wc_inline(f, d, &wc, dst, src, solicited);
+                } else {
+                    copy_translated(src, dst, len);
+                    push_recv_wc(f, d, &wc, solicited);
+                }
             }
             WcStatus::Success
         } else {
+            rq.release(rq_pos);
+            // The general delivery writes completions now: the held ones go first.
+            publish_held(f, &mut st.held);
             let sender = Sender { qp_type: st.qp_type, qpn: st.qpn, lid: st.lid };
             deliver_taken_cold(f, sender, &st.rx, d, wr, src, len)
         }
@@ -279,6 +322,8 @@ pub(crate) fn post_fast<const XRC: bool>(
         else {
             return false;
         };
+        // A WRITE's bytes must not become visible before the held SENDs ahead of it.
+        publish_held(f, &mut st.held);
         // `src` was checked against our MR and `dst` against the peer's, both for `len` bytes.
         copy_translated(src, dst, len);
         WcStatus::Success
@@ -303,7 +348,7 @@ pub(crate) fn post_fast_xrc(
     state: &mut QpState,
     retired: &mut u32,
 ) -> bool {
-    post_fast::<true>(f, st, wr, sge, state, retired)
+    post_fast::<true>(f, st, wr, sge, state, retired, false)
 }
 
 /// `post_one` for a WR with several SGEs, and TSO requests ([`post_tso`]), out of line to

@@ -11,7 +11,7 @@
 //! length that comes from shared memory (a peer's receive request, an rkey) is checked against
 //! the MR table and the fabric bounds before a byte moves.
 
-use super::cq::{push_cqe_to, push_inline_recv_to, Cqe};
+use super::cq::{push_cqe_to, push_inline_recv_to, signal_recv, Cqe};
 use super::dest::*;
 use super::fabric::{atomic_u64_at, Fabric};
 use super::layout::*;
@@ -19,7 +19,8 @@ use super::mr::mr_lookup;
 use super::place::*;
 use super::qp_error::to_error;
 use super::recvq::{RecvEntry, MAX_SGE};
-use super::sq::{BlockKind, SqState};
+use super::sq::{BlockKind, HeldRecv, SqState};
+use super::wire::INLINE_CQE_MAX;
 use crate::net::frame::FrameKey;
 use crate::verbs::*;
 use std::sync::atomic::Ordering;
@@ -79,7 +80,7 @@ pub(crate) fn push_recv_wc(f: &Fabric, d: &DestView, wc: &WorkCompletion, solici
 /// [`push_recv_wc`] of a SEND of at most `INLINE_CQE_MAX` bytes: the bytes ride in the CQE
 /// and the receiver's poll copies them to `dst`, the receive buffer the caller checked
 /// (`recv_dst`). `src` as for `copy_translated`.
-#[inline]
+#[inline(always)]
 pub(crate) fn push_recv_wc_inline(
     f: &Fabric,
     d: &DestView,
@@ -93,6 +94,39 @@ pub(crate) fn push_recv_wc_inline(
     let dst_off = (dst as u64).wrapping_sub(f.base_addr());
     push_inline_recv_to(f, &d.cq, &mut seen, d.cqn, d.cq_channel, wc, dst_off, src, solicited);
     d.cq_head.set(seen);
+}
+
+/// Completes held fast-path SENDs ([`HeldRecv`]) in the order they were claimed: releases
+/// each receive request's cell (first, so that a receiver that sees the completion can post
+/// into it again), places the bytes (in the CQE when they fit, else into the checked buffer)
+/// and publishes the CQE. Empties `held`.
+#[inline(always)]
+pub(crate) fn publish_held(f: &Fabric, held: &mut Vec<HeldRecv>) {
+    if !held.is_empty() {
+        publish_held_now(f, held);
+    }
+}
+
+/// [`publish_held`]'s work, out of line: most posts hold nothing.
+#[inline(never)]
+fn publish_held_now(f: &Fabric, held: &mut Vec<HeldRecv>) {
+    for h in held.iter() {
+        h.rq.release(h.rq_pos);
+        let src = f.at(h.src_off);
+        let len = h.wc.byte_len as usize;
+        if len <= INLINE_CQE_MAX {
+            h.cq.publish_inline_recv(h.cq_pos, &h.wc, h.dst_off, src);
+        } else {
+            // Both offsets came from pointers checked for `len` bytes (`recv_dst` and the
+            // sender's MR or the fabric, `post_fast`).
+            copy_translated(src, f.at(h.dst_off), len);
+            h.cq.publish(h.cq_pos, &h.wc, None);
+        }
+        if h.channel {
+            signal_recv(f, h.cqn, h.solicited);
+        }
+    }
+    held.clear();
 }
 
 /// Delivers a message that consumes a receive request (SEND family, WRITE_WITH_IMM).

@@ -235,7 +235,18 @@ pub(crate) fn push(ring: &RecvRing, bound: &mut RecvBound, wr_id: u64, sges: &[S
 /// Takes the oldest request. The SGE count read from shared memory is clamped to what the
 /// cell can hold, so a corrupt cell cannot make us read past it. A stalled ring
 /// ([`Pop::Stalled`], corrupt) reads as empty here; a sender tells the two apart on its cold
-/// path (`Ring::stalled`).
+/// path (`Ring::stalled`). The cell stays held until `Ring::release` (`Ring::pop_held`).
+#[inline]
+pub(crate) fn pop_held(ring: &RecvRing, out: &mut RecvEntry) -> Option<u64> {
+    let got = ring.pop_held(out).ok();
+    if got.is_some() {
+        // As in `pop`.
+        ring.prefetch(0);
+    }
+    got
+}
+
+/// [`pop_held`] and the cell's release at once.
 #[inline]
 pub(crate) fn pop(ring: &RecvRing, out: &mut RecvEntry) -> bool {
     let got = matches!(ring.pop(out), Pop::Item);

@@ -339,6 +339,23 @@ impl Ring {
     /// [`Pop::Stalled`] when the ring's words stay inconsistent for [`MAX_REREADS`] re-reads.
     #[inline]
     pub(crate) fn pop(&self, read: impl FnOnce(CellRef<'_>)) -> Pop {
+        match self.pop_held(read) {
+            Ok(pos) => {
+                self.release(pos);
+                Pop::Item
+            }
+            Err(p) => p,
+        }
+    }
+
+    /// [`Ring::pop`] that keeps the cell: claims and reads the oldest entry and returns its
+    /// position, which the caller must hand to [`Ring::release`] (until then producers cannot
+    /// reuse the cell; a receive queue's poster waits for it as for any held cell, see
+    /// [`Ring::wait_held_cell`]). `Err` is what `pop` would have returned. A sender releases
+    /// the receive requests of a chain after all its claims, as it publishes their CQEs
+    /// ([`Ring::claim_tracked`]).
+    #[inline(always)]
+    pub(crate) fn pop_held(&self, read: impl FnOnce(CellRef<'_>)) -> Result<u64, Pop> {
         let hdr = self.hdr();
         let mut pos = hdr.head.load(Ordering::Relaxed);
         let mut rereads = 0u32;
@@ -350,21 +367,27 @@ impl Ring {
                 match hdr.head.compare_exchange_weak(pos, pos.wrapping_add(1), Ordering::Relaxed, Ordering::Relaxed) {
                     Ok(_) => {
                         read(self.readable(payload));
-                        seq.store(pos.wrapping_add(self.mask + 1), Ordering::Release);
-                        return Pop::Item;
+                        return Ok(pos);
                     }
                     Err(cur) => pos = cur,
                 }
             } else if dif < 0 {
-                return Pop::Empty;
+                return Err(Pop::Empty);
             } else {
                 pos = hdr.head.load(Ordering::Relaxed);
             }
             if rereads == MAX_REREADS {
-                return Pop::Stalled;
+                return Err(Pop::Stalled);
             }
             rereads += 1;
         }
+    }
+
+    /// Frees cell `pos`, which [`Ring::pop_held`] gave this consumer, for the producers' next lap.
+    #[inline]
+    pub(crate) fn release(&self, pos: u64) {
+        let (_, seq) = self.cell(pos);
+        seq.store(pos.wrapping_add(self.mask + 1), Ordering::Release);
     }
 
     /// Whether consumers are stuck on this ring: the cell at `head` keeps a sequence ahead of
@@ -434,30 +457,51 @@ impl Ring {
     /// Returns false (and changes nothing) when the ring is full. Never reads a cell.
     #[inline]
     pub(crate) fn push_tracked(&self, head_seen: &mut u64, fill: impl FnOnce(CellMut<'_>)) -> bool {
+        match self.claim_tracked(head_seen) {
+            Some(pos) => {
+                self.publish_claimed(pos, fill);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The first half of [`Ring::push_tracked`]: claims the next cell (CAS on `tail`) without
+    /// writing it; `None` when the ring is full. The claimer must publish the cell with
+    /// [`Ring::publish_claimed`]: until then the consumer stops at it. A sender defers the
+    /// publication of a chain's CQEs until every claim of the chain is made, so that no
+    /// claim (a locked instruction, which waits for every earlier store to complete) waits
+    /// for the stores into another core's cache lines that writing a CQE makes.
+    #[inline]
+    pub(crate) fn claim_tracked(&self, head_seen: &mut u64) -> Option<u64> {
         let hdr = self.hdr();
         let mut pos = hdr.tail.load(Ordering::Relaxed);
         let mut rereads = 0u32;
         loop {
             if !self.room_at(&mut pos, head_seen) {
-                return false;
+                return None;
             }
-            // The claim only picks a position: the cell's sequence (Release below) publishes.
+            // The claim only picks a position: the cell's sequence (Release, when published)
+            // publishes.
             match hdr.tail.compare_exchange_weak(pos, pos.wrapping_add(1), Ordering::Relaxed, Ordering::Relaxed) {
-                Ok(_) => {
-                    let (payload, seq) = self.cell(pos);
-                    fill(self.writable(payload));
-                    seq.store(pos.wrapping_add(1), Ordering::Release);
-                    return true;
-                }
+                Ok(_) => return Some(pos),
                 Err(cur) => pos = cur,
             }
             // Only a peer rewriting `tail` without end keeps the CAS failing: reads as full
             // (the CQ then overruns into error).
             rereads += 1;
             if rereads >= MAX_REREADS {
-                return false;
+                return None;
             }
         }
+    }
+
+    /// Writes and publishes cell `pos`, which [`Ring::claim_tracked`] gave this producer.
+    #[inline]
+    pub(crate) fn publish_claimed(&self, pos: u64, fill: impl FnOnce(CellMut<'_>)) {
+        let (payload, seq) = self.cell(pos);
+        fill(self.writable(payload));
+        seq.store(pos.wrapping_add(1), Ordering::Release);
     }
 
     /// Head-tracked pop when this caller is the only consumer (the CQ's `&mut` poll).

@@ -35,6 +35,37 @@ pub(crate) struct Blocked {
     pub(crate) next_at: Instant,
 }
 
+/// Most SENDs of one `post_send` whose remote stores wait at once ([`HeldRecv`]).
+pub(crate) const MAX_HELD: usize = 32;
+
+/// A fast-path SEND whose receive request and receive CQE cell are claimed, and whose stores
+/// into the receiver's memory (the CQE, the request's release, the bytes of a message too
+/// long to ride in the CQE) wait until the chain's claims are made (`doorbell::post_send`,
+/// `exec::publish_held`). Why: each claim is a locked instruction, which waits until every
+/// earlier store has completed, and a store into a line the receiver's core holds completes
+/// only after a round trip to that core. Made in the order of the claims, the chain's
+/// messages waited one round trip each (60-70% of the sender's time in `dp-perf send_bw
+/// -l 32` sat on the CAS of the receiver's CQ tail, `perf` on this VM); held, a chain waits
+/// about once. Addresses are fabric offsets (the rings' views are `Send`, pointers are not).
+#[derive(Clone, Copy)]
+pub(crate) struct HeldRecv {
+    /// The receive queue (or SRQ) ring and the request's cell, to release.
+    pub(crate) rq: super::ring::Ring,
+    pub(crate) rq_pos: u64,
+    /// The receiver's CQ and the claimed cell.
+    pub(crate) cq: super::wire::CqRing,
+    pub(crate) cq_pos: u64,
+    pub(crate) cqn: u32,
+    /// The CQ has a completion channel; the SEND was SOLICITED.
+    pub(crate) channel: bool,
+    pub(crate) solicited: bool,
+    /// The receiver's completion (its `byte_len` is the message's length).
+    pub(crate) wc: WorkCompletion,
+    /// Fabric offsets of the checked receive buffer and of the message's bytes.
+    pub(crate) dst_off: u64,
+    pub(crate) src_off: u64,
+}
+
 /// A WQE waiting behind an RNR or a retry.
 #[derive(Clone, Copy)]
 pub(crate) struct Pending {
@@ -81,6 +112,9 @@ pub(crate) struct SqState {
     pub(crate) mcast: Option<McastDests>,
     /// Scratch receive entry (kept here to stay off the stack in the hot path).
     pub(crate) rx: RecvEntry,
+    /// SENDs of the current `post_send` whose remote stores wait ([`HeldRecv`]); empty
+    /// between calls. Capacity [`MAX_HELD`], reserved at creation.
+    pub(crate) held: Vec<HeldRecv>,
 }
 
 impl SqState {

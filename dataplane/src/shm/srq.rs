@@ -251,9 +251,20 @@ impl SrqView {
     /// limit.
     #[inline]
     pub(crate) fn take(&self, f: &Fabric, out: &mut recvq::RecvEntry) -> bool {
-        if !recvq::pop(&self.ring, out) {
-            return false;
+        match self.take_held(f, out) {
+            Some(pos) => {
+                self.ring.release(pos);
+                true
+            }
+            None => false,
         }
+    }
+
+    /// [`SrqView::take`] that keeps the request's cell held until `Ring::release`
+    /// (`recvq::pop_held`); returns its position.
+    #[inline]
+    pub(crate) fn take_held(&self, f: &Fabric, out: &mut recvq::RecvEntry) -> Option<u64> {
+        let pos = recvq::pop_held(&self.ring, out)?;
         let s = f.srq_slot(self.idx);
         let limit = s.limit.load(Ordering::Relaxed);
         if limit != 0
@@ -262,7 +273,7 @@ impl SrqView {
         {
             f.post_event(s.ctx.load(Ordering::Relaxed) as usize, super::EVENT_SRQ_LIMIT, self.srqn);
         }
-        true
+        Some(pos)
     }
 }
 

@@ -250,9 +250,36 @@ impl CqRing {
         dst_off: u64,
         src: *const u8,
     ) -> bool {
+        match self.0.claim_tracked(head_seen) {
+            Some(pos) => {
+                self.publish_inline_recv(pos, wc, dst_off, src);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Claims the next cell for a completion to publish later ([`Ring::claim_tracked`]);
+    /// `None` if the CQ is full.
+    #[inline(always)]
+    pub(crate) fn claim(&self, head_seen: &mut u64) -> Option<u64> {
+        self.0.claim_tracked(head_seen)
+    }
+
+    /// [`CqRing::push`] into cell `pos`, claimed with [`CqRing::claim`].
+    #[inline(always)]
+    pub(crate) fn publish(&self, pos: u64, wc: &WorkCompletion, retire: Option<u32>) {
+        // SAFETY: every cell of this ring holds a CqeRecord (`new`).
+        self.0.publish_claimed(pos, |mut c| unsafe { c.put_unchecked(0, || CqeRecord::of(wc, retire)) })
+    }
+
+    /// [`CqRing::push_inline_recv`] into cell `pos`, claimed with [`CqRing::claim`]; `src` as
+    /// there.
+    #[inline(always)]
+    pub(crate) fn publish_inline_recv(&self, pos: u64, wc: &WorkCompletion, dst_off: u64, src: *const u8) {
         let len = (wc.byte_len as usize).min(INLINE_CQE_MAX);
         let flags = wc.wc_flags.contains(WcFlags::WITH_IMM) as u8;
-        self.0.push_tracked(head_seen, |mut c| {
+        self.0.publish_claimed(pos, |mut c| {
             use std::mem::offset_of;
             macro_rules! put {
                 ($f:ident, $v:expr) => {
@@ -417,8 +444,20 @@ impl RecvRing {
     /// leave the cell.
     #[inline(always)]
     pub(crate) fn pop(&self, out: &mut RecvEntry) -> Pop {
+        match self.pop_held(out) {
+            Ok(pos) => {
+                self.ring.release(pos);
+                Pop::Item
+            }
+            Err(p) => p,
+        }
+    }
+
+    /// [`RecvRing::pop`] that keeps the cell until [`Ring::release`] ([`Ring::pop_held`]).
+    #[inline(always)]
+    pub(crate) fn pop_held(&self, out: &mut RecvEntry) -> Result<u64, Pop> {
         let cap = self.sge_cap;
-        self.ring.pop(|c| {
+        self.ring.pop_held(|c| {
             // SAFETY: the header and `cap` SGEs fit every cell (`new`); `n` is clamped to `cap`.
             unsafe {
                 let h: RecvHeader = c.get_unchecked(0);
