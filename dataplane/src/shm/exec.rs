@@ -204,6 +204,17 @@ pub(crate) fn deliver_taken(
     }
     // Requests from an SRQ are checked against the SRQ's PD, which may differ from the QP's.
     let pd = d.srq.map_or(d.pd, |s| s.pd);
+    // A small SEND or SEND_WITH_IMM into a plain buffer of one SGE rides in the CQE, as on the
+    // fast path (`doorbell::post_fast`): a WQE retried after an RNR NAK lands as it would
+    // have without one.
+    if let ([s], None, true, None, 1) = (src, grh, place_data, tm_view, rx.n) {
+        let small = total as usize <= INLINE_CQE_MAX && matches!(wr.opcode, WrOpcode::Send | WrOpcode::SendWithImm);
+        if let Some(dst) = recv_dst(f, pd, &rx.sges[0], total as usize).filter(|_| small) {
+            wc.byte_len = total as u32;
+            push_recv_wc_inline(f, d, &wc, dst, s.ptr, wr.flags.contains(SendFlags::SOLICITED));
+            return WcStatus::Success;
+        }
+    }
     // Nearly every receive request has one SGE: resolve it into a one-segment array rather
     // than zeroing room for MAX_SGE on every message.
     let status = if rx.n <= 1 {
