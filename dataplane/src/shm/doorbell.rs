@@ -305,9 +305,10 @@ pub(crate) fn post_fast<const XRC: bool>(
             }
             WcStatus::Success
         } else {
-            rq.release(rq_pos);
-            // The general delivery writes completions now: the held ones go first.
+            // The general delivery writes completions now: the held ones go first (and their
+            // requests are released before this one, so cells free in ring order).
             publish_held(f, &mut st.held);
+            rq.release(rq_pos);
             let sender = Sender { qp_type: st.qp_type, qpn: st.qpn, lid: st.lid };
             deliver_taken_cold(f, sender, &st.rx, d, wr, src, len)
         }
