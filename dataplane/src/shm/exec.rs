@@ -567,7 +567,7 @@ pub(crate) fn exec_mcast(f: &Fabric, st: &mut SqState, wr: &SendWr, src: &[Seg],
     done
 }
 
-/// The fast path's receive request was not one SGE or did not pass `place_one`: the
+/// The fast path's receive request was not one SGE or did not pass `recv_dst`: the
 /// general delivery finishes it (a multi-SGE scatter, or the error completions).
 #[cold]
 #[inline(never)]
