@@ -18,9 +18,9 @@ pub(crate) unsafe trait Plain: Copy {}
 // SAFETY: integers: no padding, every bit pattern valid.
 unsafe impl Plain for u8 {}
 // SAFETY: as above.
-unsafe impl Plain for u32 {}
-// SAFETY: as above.
 unsafe impl Plain for u16 {}
+// SAFETY: as above.
+unsafe impl Plain for u32 {}
 // SAFETY: as above.
 unsafe impl Plain for u64 {}
 

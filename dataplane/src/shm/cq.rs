@@ -81,14 +81,21 @@ pub(crate) fn has_channel(f: &Fabric, cqn: u32) -> bool {
 /// [`push_cqe`] with the CQ's [`has_channel`] known to the caller.
 #[inline(always)]
 pub(crate) fn push_cqe_to(f: &Fabric, ring: &CqRing, head_seen: &mut u64, cqn: u32, channel: bool, cqe: &Cqe) {
-    if ring.push(head_seen, &cqe.wc, cqe.retire) {
-        // Only a CQ with a completion channel can signal: busy-polled CQs (no channel) skip
-        // the fence in `signal_if_armed`.
-        if channel {
-            signal_if_armed(f, cqn, cqe.solicited || cqe.wc.status != WcStatus::Success);
-        }
-    } else {
+    let pushed = ring.push(head_seen, &cqe.wc, cqe.retire);
+    after_push(f, cqn, channel, pushed, cqe.solicited || cqe.wc.status != WcStatus::Success);
+}
+
+/// What follows a push into CQ `cqn` (`channel`: it has a completion channel): when the CQE
+/// went in, the channel's notification if it is armed for it (`urgent`: the CQE is
+/// solicited or an error, which also wakes a solicited-only arming); when the CQ was full,
+/// its overrun. Only a CQ with a channel can signal: busy-polled CQs skip the fence in
+/// `signal_if_armed`.
+#[inline(always)]
+pub(crate) fn after_push(f: &Fabric, cqn: u32, channel: bool, pushed: bool, urgent: bool) {
+    if !pushed {
         overrun(f, cqn);
+    } else if channel {
+        signal_if_armed(f, cqn, urgent);
     }
 }
 
@@ -107,20 +114,8 @@ pub(crate) fn push_inline_recv_to(
     src: *const u8,
     solicited: bool,
 ) {
-    if ring.push_inline_recv(head_seen, wc, dst_off, src) {
-        if channel {
-            signal_if_armed(f, cqn, solicited);
-        }
-    } else {
-        overrun(f, cqn);
-    }
-}
-
-/// After a receive completion was published into CQ `cqn`, which has a completion channel:
-/// notifies it if armed for that CQE (`solicited`: the SEND was).
-#[inline]
-pub(crate) fn signal_recv(f: &Fabric, cqn: u32, solicited: bool) {
-    signal_if_armed(f, cqn, solicited);
+    let pushed = ring.push_inline_recv(head_seen, wc, dst_off, src);
+    after_push(f, cqn, channel, pushed, solicited);
 }
 
 /// After a push into a CQ with a channel: notifies it if armed for this CQE (`urgent`: the

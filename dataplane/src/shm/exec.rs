@@ -11,7 +11,7 @@
 //! length that comes from shared memory (a peer's receive request, an rkey) is checked against
 //! the MR table and the fabric bounds before a byte moves.
 
-use super::cq::{push_cqe_to, push_inline_recv_to, signal_recv, Cqe};
+use super::cq::{after_push, push_cqe_to, push_inline_recv_to, Cqe};
 use super::dest::*;
 use super::fabric::{atomic_u64_at, Fabric};
 use super::layout::*;
@@ -122,9 +122,8 @@ fn publish_held_now(f: &Fabric, held: &mut Vec<HeldRecv>) {
             copy_translated(src, f.at(h.dst_off), len);
             h.cq.publish(h.cq_pos, &h.wc, None);
         }
-        if h.channel {
-            signal_recv(f, h.cqn, h.solicited);
-        }
+        // A claimed cell is always published: no overrun here.
+        after_push(f, h.cqn, h.channel, true, h.solicited);
     }
     held.clear();
 }

@@ -2,7 +2,6 @@
 
 use super::fabric::Fabric;
 use super::mr::{mr_lookup, MrView};
-use super::ring::Pop;
 use super::wire::RecvRing;
 use crate::verbs::{AccessFlags, Errno, PostError, RecvChain, Sge};
 
@@ -234,13 +233,14 @@ pub(crate) fn push(ring: &RecvRing, bound: &mut RecvBound, wr_id: u64, sges: &[S
 
 /// Takes the oldest request. The SGE count read from shared memory is clamped to what the
 /// cell can hold, so a corrupt cell cannot make us read past it. A stalled ring
-/// ([`Pop::Stalled`], corrupt) reads as empty here; a sender tells the two apart on its cold
+/// ([`Pop::Stalled`](super::ring::Pop::Stalled), corrupt) reads as empty here; a sender tells the two apart on its cold
 /// path (`Ring::stalled`). The cell stays held until `Ring::release` (`Ring::pop_held`).
 #[inline]
 pub(crate) fn pop_held(ring: &RecvRing, out: &mut RecvEntry) -> Option<u64> {
     let got = ring.pop_held(out).ok();
     if got.is_some() {
-        // As in `pop`.
+        // The next request is usually posted already: fetch its line now, off the next
+        // message's critical path.
         ring.prefetch(0);
     }
     got
@@ -249,11 +249,11 @@ pub(crate) fn pop_held(ring: &RecvRing, out: &mut RecvEntry) -> Option<u64> {
 /// [`pop_held`] and the cell's release at once.
 #[inline]
 pub(crate) fn pop(ring: &RecvRing, out: &mut RecvEntry) -> bool {
-    let got = matches!(ring.pop(out), Pop::Item);
-    if got {
-        // The next request is usually posted already: fetch its line now, off the next
-        // message's critical path.
-        ring.prefetch(0);
+    match pop_held(ring, out) {
+        Some(pos) => {
+            ring.release(pos);
+            true
+        }
+        None => false,
     }
-    got
 }

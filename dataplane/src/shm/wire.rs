@@ -439,21 +439,10 @@ impl RecvRing {
         })
     }
 
-    /// Takes the oldest request into `out` ([`Ring::pop`], many consumers). The SGE count a
-    /// peer wrote is clamped to what the cells hold, so a corrupt count cannot make the read
-    /// leave the cell.
-    #[inline(always)]
-    pub(crate) fn pop(&self, out: &mut RecvEntry) -> Pop {
-        match self.pop_held(out) {
-            Ok(pos) => {
-                self.ring.release(pos);
-                Pop::Item
-            }
-            Err(p) => p,
-        }
-    }
-
-    /// [`RecvRing::pop`] that keeps the cell until [`Ring::release`] ([`Ring::pop_held`]).
+    /// Takes the oldest request into `out` ([`Ring::pop_held`], many consumers) and returns
+    /// its position: the cell stays held until [`Ring::release`]. The SGE count a peer wrote
+    /// is clamped to what the cells hold, so a corrupt count cannot make the read leave the
+    /// cell.
     #[inline(always)]
     pub(crate) fn pop_held(&self, out: &mut RecvEntry) -> Result<u64, Pop> {
         let cap = self.sge_cap;
@@ -548,7 +537,7 @@ mod tests {
         // A peer rewrites the count (the payload starts after the header and the sequence).
         mem.0[crate::shm::ring::RING_HEADER_LEN / 8 + 2] = u64::MAX;
         let mut out = RecvEntry::default();
-        assert!(matches!(recv.pop(&mut out), Pop::Item));
+        assert!(recv.pop_held(&mut out).is_ok());
         assert_eq!(out.n, 2);
     }
 
