@@ -13,7 +13,7 @@ use super::layout::*;
 use super::mr::mr_lookup;
 use super::place::*;
 use super::recvq::{self, MAX_SGE};
-use super::sq::{BlockKind, Blocked, HeldRecv, SqState, MAX_HELD};
+use super::sq::{BlockKind, Blocked, HeldDest, HeldRecv, SqState, MAX_HELD};
 use super::wire::INLINE_CQE_MAX;
 use crate::net::frame::FrameKey;
 use crate::net::tso::TsoPlan;
@@ -240,8 +240,8 @@ pub(crate) fn post_fast<const XRC: bool>(
         // event); a tag-matching SRQ goes the general way (it may match the message).
         // (`resolve_dest` gives a target an RQ or an SRQ, never both.)
         let (rq, taken) = match (&d.rq, &d.srq) {
-            (Some(rq), _) => (**rq, recvq::pop_held(rq, &mut st.rx)),
-            (None, Some(srq)) if srq.tm.is_none() => (*srq.ring, srq_take_held(f, srq, &mut st.rx)),
+            (Some(rq), _) => (&**rq, recvq::pop_held(rq, &mut st.rx)),
+            (None, Some(srq)) if srq.tm.is_none() => (&*srq.ring, srq_take_held(f, srq, &mut st.rx)),
             _ => return false,
         };
         let pd = d.srq.map_or(d.pd, |s| s.pd);
@@ -251,17 +251,6 @@ pub(crate) fn post_fast<const XRC: bool>(
         let dst = if st.rx.n == 1 { recv_dst(f, pd, &st.rx.sges[0], len) } else { None };
         if let Some(dst) = dst {
             let imm = op == WrOpcode::SendWithImm;
-            let wc = WorkCompletion {
-                wr_id: st.rx.wr_id,
-                opcode: WcOpcode::Recv,
-                byte_len: len as u32,
-                imm_data: if imm { wr.imm_data } else { 0 },
-                wc_flags: if imm { WcFlags::WITH_IMM } else { WcFlags::empty() },
-                qp_num: d.qpn,
-                src_qp: st.qpn,
-                slid: st.lid,
-                ..Default::default()
-            };
             let solicited = wr.flags.contains(SendFlags::SOLICITED);
             // Hold the receiver-side stores until the chain's claims are made (`HeldRecv`);
             // XRC (out of line), the chain's last WR and a CQ that is full (its overrun) do
@@ -275,24 +264,47 @@ pub(crate) fn post_fast<const XRC: bool>(
                 c
             };
             if let Some(cq_pos) = claimed {
-                if st.held.len() == MAX_HELD {
-                    publish_held(f, &mut st.held);
+                let held = &mut st.held;
+                if held.len == MAX_HELD || (held.len > 0 && !held.dest.is_some_and(|h| h.goes_to(rq, &d.cq))) {
+                    publish_held(f, held);
+                }
+                if held.len == 0 {
+                    held.dest = Some(HeldDest {
+                        rq: *rq,
+                        cq: d.cq,
+                        cqn: d.cqn,
+                        channel: d.cq_channel,
+                        qp_num: d.qpn,
+                        src_qp: st.qpn,
+                        slid: st.lid,
+                    });
                 }
                 let base = f.base_addr();
-                st.held.push(HeldRecv {
-                    rq,
+                held.msgs[held.len] = HeldRecv {
+                    wr_id: st.rx.wr_id,
                     rq_pos,
-                    cq: d.cq,
                     cq_pos,
-                    cqn: d.cqn,
-                    channel: d.cq_channel,
-                    solicited,
-                    wc,
                     // Both pointers lie in the fabric (checked against MRs or the arena).
                     dst_off: (dst as u64).wrapping_sub(base),
                     src_off: (src as u64).wrapping_sub(base),
-                });
+                    byte_len: len as u32,
+                    imm_data: if imm { wr.imm_data } else { 0 },
+                    with_imm: imm,
+                    solicited,
+                };
+                held.len += 1;
             } else {
+                let wc = WorkCompletion {
+                    wr_id: st.rx.wr_id,
+                    opcode: WcOpcode::Recv,
+                    byte_len: len as u32,
+                    imm_data: if imm { wr.imm_data } else { 0 },
+                    wc_flags: if imm { WcFlags::WITH_IMM } else { WcFlags::empty() },
+                    qp_num: d.qpn,
+                    src_qp: st.qpn,
+                    slid: st.lid,
+                    ..Default::default()
+                };
                 rq.release(rq_pos);
                 // Small payloads ride in the CQE (scatter-to-CQE): the receiver's poll
                 // places them, so only the CQE's line crosses cores.

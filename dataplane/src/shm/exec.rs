@@ -19,7 +19,7 @@ use super::mr::mr_lookup;
 use super::place::*;
 use super::qp_error::to_error;
 use super::recvq::{RecvEntry, MAX_SGE};
-use super::sq::{BlockKind, HeldRecv, SqState};
+use super::sq::{BlockKind, Held, SqState};
 use super::wire::INLINE_CQE_MAX;
 use crate::net::frame::FrameKey;
 use crate::verbs::*;
@@ -96,12 +96,12 @@ pub(crate) fn push_recv_wc_inline(
     d.cq_head.set(seen);
 }
 
-/// Completes held fast-path SENDs ([`HeldRecv`]) in the order they were claimed: releases
+/// Completes held fast-path SENDs ([`Held`]) in the order they were claimed: releases
 /// each receive request's cell (first, so that a receiver that sees the completion can post
 /// into it again), places the bytes (in the CQE when they fit, else into the checked buffer)
 /// and publishes the CQE. Empties `held`.
 #[inline(always)]
-pub(crate) fn publish_held(f: &Fabric, held: &mut Vec<HeldRecv>) {
+pub(crate) fn publish_held(f: &Fabric, held: &mut Held) {
     if !held.is_empty() {
         publish_held_now(f, held);
     }
@@ -109,23 +109,35 @@ pub(crate) fn publish_held(f: &Fabric, held: &mut Vec<HeldRecv>) {
 
 /// [`publish_held`]'s work, out of line: most posts hold nothing.
 #[inline(never)]
-fn publish_held_now(f: &Fabric, held: &mut Vec<HeldRecv>) {
-    for h in held.iter() {
-        h.rq.release(h.rq_pos);
+fn publish_held_now(f: &Fabric, held: &mut Held) {
+    let n = std::mem::take(&mut held.len);
+    let Some(d) = held.dest else { return };
+    for h in &held.msgs[..n] {
+        d.rq.release(h.rq_pos);
+        let wc = WorkCompletion {
+            wr_id: h.wr_id,
+            opcode: WcOpcode::Recv,
+            byte_len: h.byte_len,
+            imm_data: h.imm_data,
+            wc_flags: if h.with_imm { WcFlags::WITH_IMM } else { WcFlags::empty() },
+            qp_num: d.qp_num,
+            src_qp: d.src_qp,
+            slid: d.slid,
+            ..Default::default()
+        };
         let src = f.at(h.src_off);
-        let len = h.wc.byte_len as usize;
+        let len = h.byte_len as usize;
         if len <= INLINE_CQE_MAX {
-            h.cq.publish_inline_recv(h.cq_pos, &h.wc, h.dst_off, src);
+            d.cq.publish_inline_recv(h.cq_pos, &wc, h.dst_off, src);
         } else {
             // Both offsets came from pointers checked for `len` bytes (`recv_dst` and the
             // sender's MR or the fabric, `post_fast`).
             copy_translated(src, f.at(h.dst_off), len);
-            h.cq.publish(h.cq_pos, &h.wc, None);
+            d.cq.publish(h.cq_pos, &wc, None);
         }
         // A claimed cell is always published: no overrun here.
-        after_push(f, h.cqn, h.channel, true, h.solicited);
+        after_push(f, d.cqn, d.channel, true, h.solicited);
     }
-    held.clear();
 }
 
 /// Delivers a message that consumes a receive request (SEND family, WRITE_WITH_IMM).

@@ -270,7 +270,7 @@ impl ShmQp {
             xrc_dest: None,
             mcast: None,
             rx: RecvEntry::default(),
-            held: Vec::with_capacity(super::sq::MAX_HELD),
+            held: super::sq::Held::new(),
         };
         let sq = Arc::new_cyclic(|me: &Weak<SqCell>| {
             let mut st = st;

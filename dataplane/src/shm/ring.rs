@@ -180,6 +180,12 @@ impl Ring {
         self.mask + 1
     }
 
+    /// Whether `other` is a view of the same ring (the same header).
+    #[inline(always)]
+    pub(crate) fn same(&self, other: &Ring) -> bool {
+        std::ptr::eq(self.hdr, other.hdr)
+    }
+
     /// Payload bytes per cell.
     pub(crate) fn payload_len(&self) -> usize {
         self.stride - SEQ_LEN

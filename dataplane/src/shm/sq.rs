@@ -47,23 +47,74 @@ pub(crate) const MAX_HELD: usize = 32;
 /// messages waited one round trip each (60-70% of the sender's time in `dp-perf send_bw
 /// -l 32` sat on the CAS of the receiver's CQ tail, `perf` on this VM); held, a chain waits
 /// about once. Addresses are fabric offsets (the rings' views are `Send`, pointers are not).
-#[derive(Clone, Copy)]
+///
+/// Only what differs between the messages of a chain is kept here; the rings and the
+/// completion's constant fields are [`HeldDest`], once per chain (copying them per message
+/// was most of what holding cost in chains).
+#[derive(Clone, Copy, Default)]
 pub(crate) struct HeldRecv {
-    /// The receive queue (or SRQ) ring and the request's cell, to release.
-    pub(crate) rq: super::ring::Ring,
+    /// The receive request (its `wr_id`) and its cell, to release.
+    pub(crate) wr_id: u64,
     pub(crate) rq_pos: u64,
-    /// The receiver's CQ and the claimed cell.
-    pub(crate) cq: super::wire::CqRing,
+    /// The claimed cell of the receiver's CQ.
     pub(crate) cq_pos: u64,
-    pub(crate) cqn: u32,
-    /// The CQ has a completion channel; the SEND was SOLICITED.
-    pub(crate) channel: bool,
-    pub(crate) solicited: bool,
-    /// The receiver's completion (its `byte_len` is the message's length).
-    pub(crate) wc: WorkCompletion,
     /// Fabric offsets of the checked receive buffer and of the message's bytes.
     pub(crate) dst_off: u64,
     pub(crate) src_off: u64,
+    /// The message's length.
+    pub(crate) byte_len: u32,
+    /// SEND_WITH_IMM's immediate (`with_imm`), in network order as posted.
+    pub(crate) imm_data: u32,
+    pub(crate) with_imm: bool,
+    /// The SEND was SOLICITED.
+    pub(crate) solicited: bool,
+}
+
+/// Where the held SENDs of one post go (an RC or UC QP sends to one peer): the receive queue
+/// (or SRQ) ring, the receive CQ, and the receive completions' fields that no message changes.
+#[derive(Clone, Copy)]
+pub(crate) struct HeldDest {
+    pub(crate) rq: super::ring::Ring,
+    pub(crate) cq: super::wire::CqRing,
+    pub(crate) cqn: u32,
+    /// The CQ has a completion channel.
+    pub(crate) channel: bool,
+    /// The receiving QP, the sending QP and its LID, as the completion reports them.
+    pub(crate) qp_num: u32,
+    pub(crate) src_qp: u32,
+    pub(crate) slid: u16,
+}
+
+impl HeldDest {
+    /// Whether messages taken from `rq` and completed into `cq` belong with these (the
+    /// constant fields follow from the rings and the sender). Always within one post but for
+    /// a destination re-resolved mid-chain (its QP destroyed and its number reused).
+    #[inline(always)]
+    pub(crate) fn goes_to(&self, rq: &super::ring::Ring, cq: &super::wire::CqRing) -> bool {
+        self.rq.same(rq) && self.cq.ring().same(cq.ring())
+    }
+}
+
+/// The SENDs of the current `post_send` whose remote stores wait ([`HeldRecv`]), all to
+/// `dest`; empty between calls. A fixed array: pushing is a store and an increment.
+pub(crate) struct Held {
+    /// Valid while `len > 0`.
+    pub(crate) dest: Option<HeldDest>,
+    pub(crate) msgs: [HeldRecv; MAX_HELD],
+    pub(crate) len: usize,
+}
+
+impl Held {
+    /// Nothing held.
+    pub(crate) fn new() -> Held {
+        Held { dest: None, msgs: [HeldRecv::default(); MAX_HELD], len: 0 }
+    }
+
+    /// Whether nothing is held.
+    #[inline(always)]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len == 0
+    }
 }
 
 /// A WQE waiting behind an RNR or a retry.
@@ -112,9 +163,9 @@ pub(crate) struct SqState {
     pub(crate) mcast: Option<McastDests>,
     /// Scratch receive entry (kept here to stay off the stack in the hot path).
     pub(crate) rx: RecvEntry,
-    /// SENDs of the current `post_send` whose remote stores wait ([`HeldRecv`]); empty
-    /// between calls. Capacity [`MAX_HELD`], reserved at creation.
-    pub(crate) held: Vec<HeldRecv>,
+    /// SENDs of the current `post_send` whose remote stores wait ([`Held`]); empty between
+    /// calls.
+    pub(crate) held: Held,
 }
 
 impl SqState {
