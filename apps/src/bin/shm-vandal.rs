@@ -45,7 +45,7 @@ struct Args {
 /// start). Checked against the live file by [`Fabric::check_layout`].
 mod lay {
     pub const MAGIC: u64 = 0x6470_6661_6272_6963;
-    pub const VERSION: u32 = 5;
+    pub const VERSION: u32 = 6;
     // Header fields.
     pub const H_VERSION: usize = 8;
     pub const H_SIZE: usize = 16;
@@ -86,7 +86,7 @@ mod lay {
 
     /// Receive-ring cell stride for `max_sge` SGEs.
     pub fn recv_stride(max_sge: u32) -> usize {
-        8 + 16 + 16 * max_sge.clamp(1, 64) as usize
+        (8 + 16 + 16 * max_sge.clamp(1, 64) as usize).next_multiple_of(64)
     }
 }
 

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64};
 /// "dpfabric" in ASCII.
 pub(crate) const MAGIC: u64 = 0x6470_6661_6272_6963;
 /// Layout version; a fabric of another version is refused.
-pub(crate) const VERSION: u32 = 5;
+pub(crate) const VERSION: u32 = 6;
 
 /// Contexts (attached "ports") per fabric.
 pub(crate) const MAX_CTX: usize = 64;
@@ -222,9 +222,12 @@ pub(crate) const RECV_HDR_LEN: usize = 16;
 /// Bytes per receive SGE in a ring cell.
 pub(crate) const RECV_SGE_LEN: usize = 16;
 
-/// Ring cell stride (8-byte sequence + payload) for receive requests with `max_sge` SGEs.
+/// Ring cell stride (8-byte sequence + payload) for receive requests with `max_sge` SGEs,
+/// rounded up to whole cache lines: at 40 bytes (one SGE) three cells in eight straddled two
+/// lines, and a full receive queue's poster, writing the cell just behind the one the sender
+/// takes (`tail` = `head` + capacity - 1), shared that line with it.
 pub(crate) fn recv_stride(max_sge: u32) -> usize {
-    8 + RECV_HDR_LEN + RECV_SGE_LEN * max_sge.max(1) as usize
+    (8 + RECV_HDR_LEN + RECV_SGE_LEN * max_sge.max(1) as usize).next_multiple_of(64)
 }
 
 /// CQ ring cells are one cache line: 8-byte sequence + 56-byte CQE.
