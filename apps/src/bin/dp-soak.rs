@@ -553,6 +553,28 @@ fn client(args: &Args) -> Res<()> {
     chain.clear();
     chain.push(SendWr::send(0).signaled(), &[Sge::new(mr.addr(), 16, lkey)]);
     qp.post_send(&chain).map_err(|e| format!("post_send: {e}"))?;
+    // Wait for the marker's completion before waiting for the report: posted into a starved
+    // SRQ it waits out RNR NAKs, and on shm only this process's CQ polls retry it (no hidden
+    // threads). Blocked on the report instead, the client once hung CI with the marker never
+    // sent and the server polling for it.
+    let mut spins = 0u32;
+    let end_wc = loop {
+        if scq.poll(&mut wc[..1]).map_err(err_in("poll"))? == 1 {
+            break wc[0];
+        }
+        spins = spins.wrapping_add(1);
+        if spins % 4096 == 0 {
+            if dataplane_apps::signals::stopped() {
+                return Err("stopped by SIGINT or SIGTERM".into());
+            }
+            if let Ok(Some(s)) = child.try_wait() {
+                return Err(format!("the server process ended before the end marker was delivered ({s})"));
+            }
+        }
+    };
+    if end_wc.status != WcStatus::Success {
+        return Err(format!("the end marker's completion failed: {:?}", end_wc.status));
+    }
     let rss_end = rss_kib();
     let rss_start = rss_start.unwrap_or(rss_end);
     let line = lines.next().and_then(|l| l.ok()).ok_or("the server exited without its report")?;
