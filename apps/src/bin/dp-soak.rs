@@ -353,6 +353,31 @@ enum Expect {
     },
 }
 
+/// Polls the client's send CQ until `wc` is full (every WR the client posts is signaled, so
+/// `wc.len()` is the number of WRs it waits for). Every 4,096 empty polls it checks for
+/// SIGINT/SIGTERM and for the server having exited, and `when` says in that error what the
+/// client was waiting for.
+fn wait_sends(scq: &mut <Shm as Provider>::Cq, wc: &mut [WorkCompletion], child: &mut Child, when: &str) -> Res<()> {
+    let mut done = 0;
+    let mut spins = 0u32;
+    while done < wc.len() {
+        let n = scq.poll(&mut wc[done..]).map_err(err_in("poll"))?;
+        done += n;
+        if n == 0 {
+            spins = spins.wrapping_add(1);
+            if spins % 4096 == 0 {
+                if dataplane_apps::signals::stopped() {
+                    return Err("stopped by SIGINT or SIGTERM".into());
+                }
+                if let Ok(Some(s)) = child.try_wait() {
+                    return Err(format!("the server process ended {when} ({s})"));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 fn client(args: &Args) -> Res<()> {
     if !(16..=SLOT as u32).contains(&args.max_size) {
         return Err(format!("--max-size {} must be 16..={SLOT}", args.max_size));
@@ -494,23 +519,7 @@ fn client(args: &Args) -> Res<()> {
         }
         qp.post_send(&chain).map_err(|e| format!("post_send: {e}"))?;
         // Every WR is signaled: wait for the whole chain, then check what it returned.
-        let mut done = 0;
-        let mut spins = 0u32;
-        while done < i {
-            let n = scq.poll(&mut wc[done..]).map_err(err_in("poll"))?;
-            done += n;
-            if n == 0 {
-                spins = spins.wrapping_add(1);
-                if spins % 4096 == 0 {
-                    if dataplane_apps::signals::stopped() {
-                        return Err("stopped by SIGINT or SIGTERM".into());
-                    }
-                    if let Ok(Some(s)) = child.try_wait() {
-                        return Err(format!("the server process ended mid-run ({s})"));
-                    }
-                }
-            }
-        }
+        wait_sends(&mut scq, &mut wc[..i], &mut child, "mid-run")?;
         for w in &wc[..i] {
             if w.status != WcStatus::Success {
                 c.errors += 1;
@@ -557,23 +566,9 @@ fn client(args: &Args) -> Res<()> {
     // SRQ it waits out RNR NAKs, and on shm only this process's CQ polls retry it (no hidden
     // threads). Blocked on the report instead, the client once hung CI with the marker never
     // sent and the server polling for it.
-    let mut spins = 0u32;
-    let end_wc = loop {
-        if scq.poll(&mut wc[..1]).map_err(err_in("poll"))? == 1 {
-            break wc[0];
-        }
-        spins = spins.wrapping_add(1);
-        if spins % 4096 == 0 {
-            if dataplane_apps::signals::stopped() {
-                return Err("stopped by SIGINT or SIGTERM".into());
-            }
-            if let Ok(Some(s)) = child.try_wait() {
-                return Err(format!("the server process ended before the end marker was delivered ({s})"));
-            }
-        }
-    };
-    if end_wc.status != WcStatus::Success {
-        return Err(format!("the end marker's completion failed: {:?}", end_wc.status));
+    wait_sends(&mut scq, &mut wc[..1], &mut child, "before the end marker was delivered")?;
+    if wc[0].status != WcStatus::Success {
+        return Err(format!("the end marker's completion failed: {:?}", wc[0].status));
     }
     let rss_end = rss_kib();
     let rss_start = rss_start.unwrap_or(rss_end);
