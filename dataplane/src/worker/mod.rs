@@ -10,6 +10,7 @@
 //! array is sized at construction (`tests/no_alloc.rs` counts allocations to prove it).
 
 pub mod batch;
+pub(crate) mod fifo;
 pub mod idle;
 mod poll;
 pub mod srq;
