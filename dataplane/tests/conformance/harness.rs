@@ -212,6 +212,13 @@ pub fn ud_ready<Q: Qp>(qp: &mut Q, qkey: u32) {
 
 /// Polls until `n` completions arrived (or the liveness deadline passes: test failure).
 pub fn poll_n<C: Cq>(cq: &mut C, n: usize) -> Vec<WorkCompletion> {
+    poll_n_or_say(cq, n, String::new)
+}
+
+/// [`poll_n`], whose failure also says `what` (evaluated only then): what the test can still
+/// read at that point, such as the QPs' states, tells a requester that stalled from
+/// completions that were lost.
+pub fn poll_n_or_say<C: Cq>(cq: &mut C, n: usize, what: impl Fn() -> String) -> Vec<WorkCompletion> {
     let mut out = Vec::with_capacity(n);
     let mut wc = [WorkCompletion::default(); 32];
     let end = Instant::now() + DEADLINE;
@@ -219,7 +226,12 @@ pub fn poll_n<C: Cq>(cq: &mut C, n: usize) -> Vec<WorkCompletion> {
         let got = cq.poll(&mut wc[..(n - out.len()).min(32)]).expect("poll_cq");
         out.extend_from_slice(&wc[..got]);
         if got == 0 {
-            assert!(Instant::now() < end, "waited {DEADLINE:?} for {n} completions, got {}: {out:?}", out.len());
+            assert!(
+                Instant::now() < end,
+                "waited {DEADLINE:?} for {n} completions, got {}: {out:?} {}",
+                out.len(),
+                what()
+            );
             std::thread::yield_now();
         }
     }
