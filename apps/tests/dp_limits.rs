@@ -28,3 +28,43 @@ fn copy_reports_the_best_of_its_layouts() {
     let named = layouts.iter().position(|l| *l == j.get("layout").str()).expect("a known layout");
     assert!((each[named] - best).abs() < 0.01, "the named layout is the fastest");
 }
+
+/// Runs `dp-limits --json ARGS` and returns its last line as JSON, asserting it succeeded.
+fn limits_json(args: &[&str]) -> Json {
+    let out = Command::new(env!("CARGO_BIN_EXE_dp-limits")).arg("--json").args(args).output().expect("run dp-limits");
+    assert!(out.status.success(), "dp-limits {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    Json::parse(text.lines().last().expect("a JSON line")).unwrap()
+}
+
+#[test]
+fn fifo_streams_deliver_every_message_in_order() {
+    // The receiver checks each message's sequence number, length and immediate and exits
+    // non-zero on the first wrong one; post lists that do not divide the count and a FIFO
+    // wrapping many times (512 cells, a send queue of 16) are both covered.
+    for (size, list, depth) in [("8", "1", "128"), ("48", "7", "16"), ("20", "32", "128")] {
+        let j = limits_json(&["fifo-bw", "-s", size, "-n", "20000", "-l", list, "-t", depth]);
+        assert_eq!(j.get("iters").num(), 20000.0);
+        assert_eq!(j.get("MsgSize").num(), size.parse::<f64>().unwrap());
+        assert!(j.get("MsgRate").num() > 0.0, "a rate was measured");
+    }
+}
+
+#[test]
+fn fifo_ping_pong_reports_its_latency() {
+    let j = limits_json(&["fifo-lat", "-n", "2000"]);
+    let (min, p50, p99) = (j.get("min_ns").num(), j.get("p50_ns").num(), j.get("p99_ns").num());
+    assert!(min >= 1.0 && min <= p50 && p50 <= p99, "ordered percentiles: {min} {p50} {p99}");
+}
+
+#[test]
+fn fifo_refuses_sizes_a_cell_cannot_carry() {
+    for size in ["4", "49"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_dp-limits"))
+            .args(["fifo-bw", "-s", size, "-n", "10"])
+            .output()
+            .expect("run dp-limits");
+        assert_eq!(out.status.code(), Some(2), "size {size}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("8 to 48 bytes"), "size {size}");
+    }
+}

@@ -16,6 +16,8 @@
 //!   shared-memory transport moving the same bytes between the same cores can at best
 //!   approach.
 
+mod fifo;
+
 use clap::{Parser, Subcommand};
 use hdrhistogram::Histogram;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -59,6 +61,31 @@ enum Test {
         #[arg(long, default_value_t = 512)]
         slots: usize,
     },
+    /// Message-FIFO ping-pong (the receiver-side delivery design, reduced to its data
+    /// movement): one-way latency in ns.
+    FifoLat {
+        /// Message size in bytes (8 to 48: one cell).
+        #[arg(short = 's', long, default_value_t = 8)]
+        size: usize,
+        /// Round trips.
+        #[arg(short = 'n', long, default_value_t = 1_000_000)]
+        iters: u64,
+    },
+    /// Message-FIFO stream, one direction: messages/s.
+    FifoBw {
+        /// Message size in bytes (8 to 48: one cell).
+        #[arg(short = 's', long, default_value_t = 8)]
+        size: usize,
+        /// Messages.
+        #[arg(short = 'n', long, default_value_t = 5_000_000)]
+        iters: u64,
+        /// Messages per post (one claim, one doorbell).
+        #[arg(short = 'l', long, default_value_t = 1)]
+        post_list: u64,
+        /// Unacknowledged messages at most (dp-perf's send queue depth).
+        #[arg(short = 't', long, default_value_t = 128)]
+        tx_depth: u64,
+    },
 }
 
 /// One cache line (128 bytes: the adjacent-line prefetcher pairs lines) holding a counter.
@@ -79,6 +106,10 @@ fn main() {
     match args.test {
         Test::Pingpong { iters } => pingpong(&args, iters),
         Test::Copy { size, iters, slots } => copy(&args, size, iters, slots),
+        Test::FifoLat { size, iters } => fifo::lat(args.core, args.peer_core, args.json, size, iters),
+        Test::FifoBw { size, iters, post_list, tx_depth } => {
+            fifo::bw(args.core, args.peer_core, args.json, size, iters, post_list, tx_depth)
+        }
     }
 }
 
