@@ -197,7 +197,9 @@ where
         .filter_map(|q| b.qps.get(q.name.as_str()).map(|&(w, i)| b.workers[w].qp_stats(i)))
         .collect();
 
-    // Start.
+    // Start: the workers begin their loops together (a source must not send into a peer
+    // whose thread is still being pinned).
+    ctl.start_together(b.workers.len());
     let start = Instant::now();
     let mut handles = Vec::new();
     for w in b.workers {

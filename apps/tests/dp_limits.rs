@@ -68,3 +68,21 @@ fn fifo_refuses_sizes_a_cell_cannot_carry() {
         assert!(String::from_utf8_lossy(&out.stderr).contains("8 to 48 bytes"), "size {size}");
     }
 }
+
+#[test]
+fn hiccup_reports_both_cores() {
+    let j = limits_json(&["hiccup", "-D", "0.2"]);
+    assert_eq!(j.get("seconds").num(), 0.2);
+    let cores = j.get("cores").arr();
+    assert_eq!(cores.len(), 2);
+    for (i, want) in [0.0, 1.0].into_iter().enumerate() {
+        let c = &cores[i];
+        assert_eq!(c.get("core").num(), want);
+        let (a, b, d) = (c.get("per_s_10us").num(), c.get("per_s_100us").num(), c.get("per_s_1ms").num());
+        assert!(a >= b && b >= d && d >= 0.0, "longer gaps are a subset of shorter ones: {a} {b} {d}");
+        let lost = c.get("lost").num();
+        // A share of the watched time (more than 1 only if the thread was starved past the
+        // end of the watch, as a loaded CI machine may do; a unit slip would be far off).
+        assert!((0.0..10.0).contains(&lost), "a share of the time: {lost}");
+    }
+}

@@ -27,6 +27,11 @@ fn setup(test: &str, core: Option<usize>) -> Setup {
 }
 
 fn setup_with(test: &str, core: Option<usize>, dropper: bool, limits: SourceLimits) -> Setup {
+    setup_on(test, core, dropper, limits, Arc::new(Control::new()))
+}
+
+/// [`setup_with`] on a given control block (several workers of one run share theirs).
+fn setup_on(test: &str, core: Option<usize>, dropper: bool, limits: SourceLimits, ctl: Arc<Control>) -> Setup {
     let name = format!("worker-{test}-{}", std::process::id());
     let ctx = Arc::new(Shm::open(&ShmConfig { fabric: name, size: 32 << 20, huge: HugePolicy::Never }).unwrap());
     let pd = ctx.alloc_pd().unwrap();
@@ -48,7 +53,6 @@ fn setup_with(test: &str, core: Option<usize>, dropper: bool, limits: SourceLimi
         spin_count: 10,
         cache_size: 64,
     };
-    let ctl = Arc::new(Control::new());
     let mut w =
         Worker::<Shm>::new(params, ctx.clone(), &pd, pool.clone(), mr.lkey(), ctl.clone(), Clock::new()).unwrap();
     let qp = |n: &str| QpParams {
@@ -122,6 +126,48 @@ fn a_failed_pin_is_an_error_and_stops_the_pipeline() {
     let e = w.run().unwrap_err();
     assert!(e.to_string().contains("cannot pin"), "{e}");
     assert!(ctl.stop.load(Ordering::Acquire));
+    assert_eq!(pool.outstanding(), 0);
+}
+
+#[test]
+fn workers_told_to_start_together_wait_for_each_other() {
+    // Two workers of one run, each a whole loopback pipeline: the first started must not
+    // send until the second has pinned itself and started its stages.
+    let ctl = Arc::new(Control::new());
+    ctl.start_together(2);
+    let (_c1, _p1, _m1, pool1, w1, _) = setup_on("together-1", None, false, TEN_THOUSAND, ctl.clone());
+    let (_c2, _p2, _m2, pool2, w2, _) = setup_on("together-2", None, false, TEN_THOUSAND, ctl.clone());
+    let (s1, s2) = (w1.stats(), w2.stats());
+    let h1 = std::thread::spawn(move || w1.run());
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(s1.tx_msgs.get(), 0, "the first worker sent before the second started");
+    let h2 = std::thread::spawn(move || w2.run());
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < Duration::from_secs(20) && (s1.rx_msgs.get() < 20_000 || s2.rx_msgs.get() < 20_000) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    ctl.stop_sources.store(true, Ordering::Release);
+    std::thread::sleep(Duration::from_millis(100));
+    ctl.stop.store(true, Ordering::Release);
+    for (h, pool) in [(h1, pool1), (h2, pool2)] {
+        let r = h.join().unwrap().unwrap();
+        let sink = r.stages.iter().find(|s| s.name == "sink").unwrap();
+        assert_eq!(sink.msgs_in, 10_000, "every message came back: {r:?}");
+        assert_eq!(pool.outstanding(), 0, "no buffer leaked");
+    }
+}
+
+#[test]
+fn a_worker_waiting_for_the_others_to_start_leaves_when_the_run_stops() {
+    let ctl = Arc::new(Control::new());
+    ctl.start_together(2);
+    let (_ctx, _pd, _mr, pool, w, _) = setup_on("together-stop", None, false, TEN_THOUSAND, ctl.clone());
+    let stats = w.stats();
+    let h = std::thread::spawn(move || w.run());
+    std::thread::sleep(Duration::from_millis(100));
+    ctl.stop.store(true, Ordering::Release);
+    let r = h.join().unwrap().unwrap();
+    assert_eq!((stats.tx_msgs.get(), r.tx_msgs), (0, 0), "nothing was sent");
     assert_eq!(pool.outstanding(), 0);
 }
 

@@ -47,6 +47,10 @@ pub struct Control {
     /// SRQ numbers whose limit event fired, for the worker owning them (events of one
     /// context may be read by any of its workers). 0 = empty slot.
     srq_events: [AtomicU32; 32],
+    /// Workers of this run that have pinned themselves and started their stages.
+    started: AtomicUsize,
+    /// How many workers start together ([`Control::start_together`]); 0: none waits.
+    together: AtomicUsize,
 }
 
 impl Default for Control {
@@ -56,6 +60,8 @@ impl Default for Control {
             stop: AtomicBool::new(false),
             sources_done: AtomicUsize::new(0),
             srq_events: std::array::from_fn(|_| AtomicU32::new(0)),
+            started: AtomicUsize::new(0),
+            together: AtomicUsize::new(0),
         }
     }
 }
@@ -64,6 +70,27 @@ impl Control {
     /// A fresh control block.
     pub fn new() -> Control {
         Control::default()
+    }
+
+    /// Makes the next `workers` calls of [`Worker::run`] on this control block start their
+    /// loops together: each pins its thread and starts its stages, then waits until all have
+    /// (or the run stops). Without it a source on a worker that is up first sends into a
+    /// peer whose thread is still being moved to its core, and every message of those
+    /// milliseconds waits for it: the tail of a latency histogram then measures thread
+    /// start-up, not the pipeline.
+    pub fn start_together(&self, workers: usize) {
+        self.together.store(workers, Ordering::Release);
+    }
+
+    /// Counts this worker as started and waits for the others ([`Control::start_together`])
+    /// or for the run to stop. Yields while it waits: start-up is not the hot path, and
+    /// workers may share cores.
+    fn wait_for_start(&self) {
+        self.started.fetch_add(1, Ordering::AcqRel);
+        let want = self.together.load(Ordering::Acquire);
+        while self.started.load(Ordering::Acquire) < want && !self.stop.load(Ordering::Acquire) {
+            std::thread::yield_now();
+        }
     }
 
     fn note_srq_event(&self, srqn: u32) {
@@ -627,6 +654,7 @@ impl<P: Provider> Worker<P> {
             self.teardown();
             return Err(Error::new(Errno::EINVAL, format!("worker {}: {why}", self.params.name)));
         }
+        self.ctl.wait_for_start();
         while !self.ctl.stop.load(Ordering::Acquire) {
             for _ in 0..64 {
                 self.step();

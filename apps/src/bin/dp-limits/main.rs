@@ -17,6 +17,7 @@
 //!   approach.
 
 mod fifo;
+mod hiccup;
 
 use clap::{Parser, Subcommand};
 use hdrhistogram::Histogram;
@@ -71,6 +72,13 @@ enum Test {
         #[arg(short = 'n', long, default_value_t = 1_000_000)]
         iters: u64,
     },
+    /// Stalls of a pinned busy-polling thread on each of the two cores (the floor of an
+    /// open-loop pipeline's tail latency here).
+    Hiccup {
+        /// Seconds to watch.
+        #[arg(short = 'D', long, default_value_t = 5.0)]
+        duration: f64,
+    },
     /// Message-FIFO stream, one direction: messages/s.
     FifoBw {
         /// Message size in bytes (8 to 48: one cell).
@@ -106,6 +114,7 @@ fn main() {
     match args.test {
         Test::Pingpong { iters } => pingpong(&args, iters),
         Test::Copy { size, iters, slots } => copy(&args, size, iters, slots),
+        Test::Hiccup { duration } => hiccup::run(args.core, args.peer_core, args.json, duration),
         Test::FifoLat { size, iters } => fifo::lat(args.core, args.peer_core, args.json, size, iters),
         Test::FifoBw { size, iters, post_list, tx_depth } => {
             fifo::bw(args.core, args.peer_core, args.json, size, iters, post_list, tx_depth)
