@@ -16,9 +16,14 @@
 //!
 //! Left out, because they cost the same in any design: the verbs checks a post does on its
 //! own lines (opcode, QP state, lkey: one load each) and the send completion's own entry.
-//! Left out because this is a measurement, not the transport: several senders (check and
-//! claim race; the transport would wait on the claimed cell's lap), payloads above
-//! [`PAYLOAD_MAX`] (an offset into the sender's MR the receiver copies from), RNR timers.
+//! [`Claim::Lap`] is the variant several senders can share: no credit check; after its
+//! `fetch_add` a sender waits until the claimed cell is free for its lap (its sequence word
+//! equals the position), and the receiver frees each cell after reading it by storing
+//! `pos + cells` there (Vyukov's bounded queue). It costs one more store per message, on a
+//! line the receiver holds anyway, and the sender reads the cell's line before writing it.
+//! Left out because this is a measurement, not the transport: payloads above [`PAYLOAD_MAX`]
+//! (an offset into the sender's MR the receiver copies from), RNR timers, more than one
+//! sender in the runs (there are two cores).
 
 use super::{pin, Line};
 use hdrhistogram::Histogram;
@@ -43,8 +48,19 @@ struct Cell {
     data: [AtomicU64; WORDS],
 }
 
+/// How senders learn that a cell is free.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
+pub enum Claim {
+    /// A cached copy of the receiver's `head`, re-read when it says the FIFO is full: one
+    /// sender only (a check and a claim by two would race).
+    Credits,
+    /// The claimed cell's own sequence word (Vyukov): any number of senders.
+    Lap,
+}
+
 /// A receiver's message FIFO.
 pub struct Fifo {
+    claim: Claim,
     /// Positions claimed by senders (`fetch_add`).
     tail: Line,
     /// Messages the receiver consumed: credits and acknowledgements.
@@ -54,14 +70,17 @@ pub struct Fifo {
 }
 
 impl Fifo {
-    /// A FIFO of `cells` cells (a power of two).
-    pub fn new(cells: usize) -> Fifo {
+    /// A FIFO of `cells` cells (a power of two) whose senders claim cells as `claim` says.
+    pub fn new(cells: usize, claim: Claim) -> Fifo {
         assert!(cells.is_power_of_two(), "FIFO size must be a power of two");
         let mask = cells as u64 - 1;
-        let cells = (0..cells)
-            .map(|_| Cell { seq: AtomicU64::new(0), hdr: AtomicU64::new(0), data: Default::default() })
+        // With laps, cell `i` starts free for position `i`; with credits the word only ever
+        // holds `pos + 1` of the message in it, and 0 (no message) at first.
+        let first_seq = |i: u64| if claim == Claim::Lap { i } else { 0 };
+        let cells = (0..cells as u64)
+            .map(|i| Cell { seq: AtomicU64::new(first_seq(i)), hdr: AtomicU64::new(0), data: Default::default() })
             .collect();
-        Fifo { tail: Line::default(), head: Line::default(), cells, mask }
+        Fifo { claim, tail: Line::default(), head: Line::default(), cells, mask }
     }
 }
 
@@ -81,12 +100,14 @@ impl<'a> Sender<'a> {
 
     /// Posts `count` messages of `payload` (at most [`PAYLOAD_MAX`] bytes) as one post list,
     /// the first word of message `k` replaced by `first + k` (a sequence number the receiver
-    /// checks). Returns false, posting nothing, when the FIFO lacks `count` free cells (the
-    /// credit check: a real transport's RNR).
+    /// checks). With [`Claim::Credits`], returns false, posting nothing, when the FIFO lacks
+    /// `count` free cells (a real transport's RNR); with [`Claim::Lap`] it waits for each
+    /// claimed cell instead (the transport would bound that wait by its RNR timer).
     #[inline]
     pub fn post(&mut self, payload: &[u8], first: u64, count: u64, imm: u32) -> bool {
         let cap = self.fifo.mask + 1;
-        if self.posted + count - self.head_seen > cap {
+        let lap = self.fifo.claim == Claim::Lap;
+        if !lap && self.posted + count - self.head_seen > cap {
             self.head_seen = self.fifo.head.0.load(Ordering::Acquire);
             if self.posted + count - self.head_seen > cap {
                 return false;
@@ -96,6 +117,11 @@ impl<'a> Sender<'a> {
         let hdr = payload.len() as u64 | (u64::from(imm) << 32);
         for k in 0..count {
             let c = &self.fifo.cells[((pos + k) & self.fifo.mask) as usize];
+            if lap {
+                while c.seq.load(Ordering::Acquire) != pos + k {
+                    std::hint::spin_loop();
+                }
+            }
             c.hdr.store(hdr, Ordering::Relaxed);
             for (w, chunk) in payload.chunks(8).enumerate() {
                 let mut b = [0u8; 8];
@@ -175,6 +201,10 @@ impl<'a> Receiver<'a> {
                 out.copy_from_slice(&v[..out.len()]);
             }
             wc[n] = Wc { wr_id, byte_len: len as u32, imm: (hdr >> 32) as u32 };
+            if self.fifo.claim == Claim::Lap {
+                // Free for the next lap's sender (Release: our reads of it come first).
+                c.seq.store(self.head + self.fifo.mask + 1, Ordering::Release);
+            }
             n += 1;
             self.head += 1;
         }
@@ -208,9 +238,9 @@ fn check(rx: &Receiver<'_>, wc: &Wc, want: u64, size: usize) {
 
 /// Ping-pong through two FIFOs: one-way latency (half round trip), each sample timed with
 /// `Instant` as `pingpong` and `dp-perf send_lat` time theirs.
-pub fn lat(core: usize, peer: usize, json: bool, size: usize, iters: u64) {
+pub fn lat(core: usize, peer: usize, json: bool, size: usize, iters: u64, claim: Claim) {
     check_size(size);
-    let (to_peer, to_us) = (Arc::new(Fifo::new(256)), Arc::new(Fifo::new(256)));
+    let (to_peer, to_us) = (Arc::new(Fifo::new(256, claim)), Arc::new(Fifo::new(256, claim)));
     let (a, b) = (to_peer.clone(), to_us.clone());
     let warm = iters / 10 + 1000;
     let total = warm + iters;
@@ -250,11 +280,11 @@ pub fn lat(core: usize, peer: usize, json: bool, size: usize, iters: u64) {
     let (min, p50, p99) = (hist.min(), hist.value_at_quantile(0.5), hist.value_at_quantile(0.99));
     if json {
         println!(
-            "{{\"test\":\"fifo-lat\",\"MsgSize\":{size},\"iters\":{iters},\"min_ns\":{min},\"p50_ns\":{p50},\"p99_ns\":{p99},\"avg_ns\":{avg:.1}}}"
+            "{{\"test\":\"fifo-lat\",\"claim\":\"{claim:?}\",\"MsgSize\":{size},\"iters\":{iters},\"min_ns\":{min},\"p50_ns\":{p50},\"p99_ns\":{p99},\"avg_ns\":{avg:.1}}}"
         );
     } else {
         println!(
-            "message FIFO ping-pong, {size} B, cores {core}->{peer}: {iters} round trips, half round trip ns: min {min} p50 {p50} p99 {p99} avg {avg:.1}"
+            "message FIFO ({claim:?}) ping-pong, {size} B, cores {core}->{peer}: {iters} round trips, half round trip ns: min {min} p50 {p50} p99 {p99} avg {avg:.1}"
         );
     }
 }
@@ -263,14 +293,15 @@ pub fn lat(core: usize, peer: usize, json: bool, size: usize, iters: u64) {
 /// acknowledgement (as `dp-perf send_bw` ends at its last send completion). At most
 /// `tx_depth` messages are unacknowledged (dp-perf's send queue depth); the receiver polls
 /// bursts of 32 and re-posts each buffer at once, as dp-perf's receiver does.
-pub fn bw(core: usize, peer: usize, json: bool, size: usize, iters: u64, post_list: u64, tx_depth: u64) {
+#[allow(clippy::too_many_arguments)]
+pub fn bw(core: usize, peer: usize, json: bool, size: usize, iters: u64, post_list: u64, tx_depth: u64, claim: Claim) {
     check_size(size);
     if post_list == 0 || post_list > tx_depth || iters == 0 {
         eprintln!("dp-limits: fifo-bw needs 1 <= --post-list <= --tx-depth and --iters >= 1");
         std::process::exit(2);
     }
     // 512 receive buffers, as dp-perf's default receive depth; the FIFO as deep.
-    let fifo = Arc::new(Fifo::new(512));
+    let fifo = Arc::new(Fifo::new(512, claim));
     let f2 = fifo.clone();
     let t = std::thread::spawn(move || {
         pin(peer);
@@ -311,11 +342,11 @@ pub fn bw(core: usize, peer: usize, json: bool, size: usize, iters: u64, post_li
     let mbs = (size as u64 * iters) as f64 / secs / (1 << 20) as f64;
     if json {
         println!(
-            "{{\"test\":\"fifo-bw\",\"MsgSize\":{size},\"iters\":{iters},\"post_list\":{post_list},\"MsgRate\":{mpps:.6},\"BW_average\":{mbs:.2}}}"
+            "{{\"test\":\"fifo-bw\",\"claim\":\"{claim:?}\",\"MsgSize\":{size},\"iters\":{iters},\"post_list\":{post_list},\"MsgRate\":{mpps:.6},\"BW_average\":{mbs:.2}}}"
         );
     } else {
         println!(
-            "message FIFO, {size} B, post list {post_list}, cores {core}->{peer}: {iters} messages, {mpps:.3} Mpps, {mbs:.2} MB/s"
+            "message FIFO ({claim:?}), {size} B, post list {post_list}, cores {core}->{peer}: {iters} messages, {mpps:.3} Mpps, {mbs:.2} MB/s"
         );
     }
 }
