@@ -1,5 +1,5 @@
 //! A fixed amount of echo-pipeline work, for instruction profiles of the runtime:
-//! `valgrind --tool=callgrind target/release/examples/profile_pipeline MESSAGES`.
+//! `valgrind --tool=callgrind target/release/examples/profile_pipeline MESSAGES [BURST]`.
 //!
 //! The pipeline of `config/examples/echo.toml` with an unpaced source of 16-byte messages:
 //! worker `client` runs source -> QP `c` and `c` -> sink (sequence check and latency
@@ -7,6 +7,10 @@
 //! alternately on this one thread (no pinning, no second thread), so the instruction count is
 //! deterministic: (Ir(B) - Ir(A)) / (B - A) for two message counts A < B is the runtime's
 //! instructions per message, verbs included, setup excluded.
+//!
+//! BURST (default 32) is how many messages the source makes per loop. With 1, every loop
+//! carries one message each way, as at a paced rate: the count per message is then the
+//! latency path's (every per-loop cost paid by one message), where 32 gives the rate's.
 
 use dataplane::mem::{BufferPool, HugePolicy};
 use dataplane::pipeline::{Clock, Echo, Sink, Source, SourceLimits, Target};
@@ -52,6 +56,7 @@ type Worked = (Worker<Shm>, <Shm as Provider>::Mr);
 
 fn main() {
     let messages: u64 = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(100_000);
+    let burst: usize = std::env::args().nth(2).and_then(|a| a.parse().ok()).filter(|&b| b > 0).unwrap_or(32);
     let fabric = format!("profile-pipeline-{}", std::process::id());
     let ctx = Arc::new(Shm::open(&ShmConfig { fabric, size: 128 << 20, huge: HugePolicy::Never }).expect("open"));
     let pd = ctx.alloc_pd().expect("pd");
@@ -66,7 +71,7 @@ fn main() {
     client.connect(c, sn).expect("connect");
     server.connect(s, cn).expect("connect");
     let limits = SourceLimits { rate: 0, count: messages, duration_ns: 0 };
-    client.add_stage("src", "source", Box::new(Source::new(MSG_SIZE, limits, 32)), vec![Target::Qp(c as u16)], None);
+    client.add_stage("src", "source", Box::new(Source::new(MSG_SIZE, limits, burst)), vec![Target::Qp(c as u16)], None);
     client.add_stage("rtt", "sink", Box::new(Sink::new(true, true)), vec![], Some(c));
     server.add_stage("echo", "echo", Box::new(Echo), vec![], Some(s));
 
