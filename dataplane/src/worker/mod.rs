@@ -75,9 +75,9 @@ impl Control {
     /// Makes the next `workers` calls of [`Worker::run`] on this control block start their
     /// loops together: each pins its thread and starts its stages, then waits until all have
     /// (or the run stops). Without it a source on a worker that is up first sends into a
-    /// peer whose thread is still being moved to its core, and every message of those
-    /// milliseconds waits for it: the tail of a latency histogram then measures thread
-    /// start-up, not the pipeline.
+    /// peer whose thread is still being moved to its core or whose stages are still
+    /// starting (a user stage loading a file), and every message sent meanwhile waits for
+    /// it: the tail of a latency histogram then measures start-up, not the pipeline.
     pub fn start_together(&self, workers: usize) {
         self.together.store(workers, Ordering::Release);
     }

@@ -4,23 +4,25 @@
 //!
 //! A message FIFO per receiver, in the receiver's memory: 64-byte cells, each a sequence
 //! word, a header word (length, immediate) and up to [`PAYLOAD_MAX`] payload bytes. Per post
-//! list the sender claims its cells with one `fetch_add` on the FIFO's `tail`, checks its
-//! cached credit count (re-reading the receiver's `head` only when the cache says the FIFO
-//! is full), writes each cell and publishes it with a Release store of its sequence word.
-//! The receiver polls the cell at its `head`: Acquire load of the sequence word, takes its own
-//! receive request from a local ring (no trust boundary, nothing to re-check), copies the
-//! payload into the posted buffer, writes the work completion into the caller's array, and
-//! after the burst publishes `head` once: the senders' credits and their acknowledgements
-//! (send completions) in one word. One cell line crosses cores per message, plus `head`
-//! once per burst.
+//! list the sender claims its cells with one `fetch_add` on the FIFO's `tail`, writes each
+//! cell and publishes it with a Release store of its sequence word. The receiver polls the
+//! cell at its `head`: Acquire load of the sequence word, takes its own receive request from
+//! a local ring (no trust boundary, nothing to re-check), copies the payload into the posted
+//! buffer, writes the work completion into the caller's array, and after the burst publishes
+//! `head` once: the senders' acknowledgements (send completions) in one word. One cell line
+//! crosses cores per message, plus `head` once per burst.
+//!
+//! How a sender knows its claimed cell is free ([`Claim`]):
+//! - [`Claim::Lap`] (the default): it waits until the cell's sequence word equals the
+//!   position, which the receiver stores (`pos + cells`) after reading the cell (Vyukov's
+//!   bounded queue). Any number of senders; one more store per message, on a line the
+//!   receiver holds anyway.
+//! - [`Claim::Credits`]: it keeps a cached copy of `head` and re-reads it only when the
+//!   copy says the FIFO is full. Exact for one sender only (a check and a claim by two
+//!   would race).
 //!
 //! Left out, because they cost the same in any design: the verbs checks a post does on its
 //! own lines (opcode, QP state, lkey: one load each) and the send completion's own entry.
-//! [`Claim::Lap`] is the variant several senders can share: no credit check; after its
-//! `fetch_add` a sender waits until the claimed cell is free for its lap (its sequence word
-//! equals the position), and the receiver frees each cell after reading it by storing
-//! `pos + cells` there (Vyukov's bounded queue). It costs one more store per message, on a
-//! line the receiver holds anyway, and the sender reads the cell's line before writing it.
 //! Left out because this is a measurement, not the transport: payloads above [`PAYLOAD_MAX`]
 //! (an offset into the sender's MR the receiver copies from), RNR timers, more than one
 //! sender in the runs (there are two cores).
