@@ -115,6 +115,15 @@ impl<'a> Sender<'a> {
                 return false;
             }
         }
+        // The payload as the cell's words, once per post list (word 0 is each message's
+        // sequence number, written below).
+        let mut words = [0u64; WORDS];
+        for (w, chunk) in words.iter_mut().zip(payload.chunks(8)) {
+            let mut b = [0u8; 8];
+            b[..chunk.len()].copy_from_slice(chunk);
+            *w = u64::from_le_bytes(b);
+        }
+        let n_words = payload.len().div_ceil(8);
         let pos = self.fifo.tail.0.fetch_add(count, Ordering::Relaxed);
         let hdr = payload.len() as u64 | (u64::from(imm) << 32);
         for k in 0..count {
@@ -125,11 +134,9 @@ impl<'a> Sender<'a> {
                 }
             }
             c.hdr.store(hdr, Ordering::Relaxed);
-            for (w, chunk) in payload.chunks(8).enumerate() {
-                let mut b = [0u8; 8];
-                b[..chunk.len()].copy_from_slice(chunk);
-                let v = if w == 0 { first + k } else { u64::from_le_bytes(b) };
-                c.data[w].store(v, Ordering::Relaxed);
+            c.data[0].store(first + k, Ordering::Relaxed);
+            for (d, &v) in c.data[1..n_words].iter().zip(&words[1..n_words]) {
+                d.store(v, Ordering::Relaxed);
             }
             c.seq.store(pos + k + 1, Ordering::Release);
         }
@@ -159,22 +166,22 @@ pub struct Wc {
 pub struct Receiver<'a> {
     fifo: &'a Fifo,
     head: u64,
-    /// Posted receive requests: (wr_id, buffer index), in order.
-    posted: VecDeque<(u64, usize)>,
+    /// Posted receive requests in order; a request's id is its buffer's index.
+    posted: VecDeque<u64>,
     bufs: Vec<[u8; PAYLOAD_MAX]>,
 }
 
 impl<'a> Receiver<'a> {
     /// A receiver on `fifo` with `depth` receive buffers, all posted.
     pub fn new(fifo: &'a Fifo, depth: usize) -> Receiver<'a> {
-        let posted = (0..depth).map(|i| (i as u64, i)).collect();
+        let posted = (0..depth as u64).collect();
         Receiver { fifo, head: 0, posted, bufs: vec![[0; PAYLOAD_MAX]; depth] }
     }
 
     /// Re-posts buffer `wr_id` (local: a push on the ring, nothing crosses cores).
     #[inline]
     pub fn post_recv(&mut self, wr_id: u64) {
-        self.posted.push_back((wr_id, wr_id as usize));
+        self.posted.push_back(wr_id);
     }
 
     /// The first payload word of the buffer `wr_id` names.
@@ -193,11 +200,11 @@ impl<'a> Receiver<'a> {
             if c.seq.load(Ordering::Acquire) != self.head + 1 {
                 break;
             }
-            let Some((wr_id, buf)) = self.posted.pop_front() else { break };
+            let Some(wr_id) = self.posted.pop_front() else { break };
             let hdr = c.hdr.load(Ordering::Relaxed);
             // A length above a cell's payload (a corrupt writer) is clamped to it.
             let len = (hdr as u32 as usize).min(PAYLOAD_MAX);
-            let dst = &mut self.bufs[buf];
+            let dst = &mut self.bufs[wr_id as usize];
             for (w, out) in dst[..len].chunks_mut(8).enumerate() {
                 let v = c.data[w].load(Ordering::Relaxed).to_le_bytes();
                 out.copy_from_slice(&v[..out.len()]);
