@@ -22,6 +22,7 @@ mod fabric;
 mod layout;
 mod mcast;
 mod mr;
+pub mod msgq;
 mod place;
 mod qp;
 mod qp_error;

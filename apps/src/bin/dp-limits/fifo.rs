@@ -2,152 +2,107 @@
 //! design step") reduced to the work it cannot avoid, so that what it can reach on this
 //! machine is measured before the provider is rebuilt around it.
 //!
-//! A message FIFO per receiver, in the receiver's memory: 64-byte cells, each a sequence
-//! word, a header word (length, immediate) and up to [`PAYLOAD_MAX`] payload bytes. Per post
-//! list the sender claims its cells with one `fetch_add` on the FIFO's `tail`, writes each
-//! cell and publishes it with a Release store of its sequence word. The receiver polls the
-//! cell at its `head`: Acquire load of the sequence word, takes its own receive request from
+//! The queue is the product's own: `dataplane::shm::msgq` (64-byte cells in the receiver's
+//! memory, lap claims, `head` published once per burst; its protocol and memory orderings are
+//! documented there and model-checked by tools/loom.sh). Per post list the sender claims its
+//! positions with one `fetch_add` and writes each cell, packing the payload into words once
+//! per list. The receiver takes the message at its head, takes its own receive request from
 //! a local ring (no trust boundary, nothing to re-check), copies the payload into the posted
 //! buffer, writes the work completion into the caller's array, and after the burst publishes
-//! `head` once: the senders' acknowledgements (send completions) in one word. One cell line
+//! `head`: the senders' acknowledgements (send completions) in one word. One cell line
 //! crosses cores per message, plus `head` once per burst.
-//!
-//! How a sender knows its claimed cell is free ([`Claim`]):
-//! - [`Claim::Lap`] (the default): it waits until the cell's sequence word equals the
-//!   position, which the receiver stores (`pos + cells`) after reading the cell (Vyukov's
-//!   bounded queue). Any number of senders; one more store per message, on a line the
-//!   receiver holds anyway.
-//! - [`Claim::Credits`]: it keeps a cached copy of `head` and re-reads it only when the
-//!   copy says the FIFO is full. Exact for one sender only (a check and a claim by two
-//!   would race).
 //!
 //! Left out, because they cost the same in any design: the verbs checks a post does on its
 //! own lines (opcode, QP state, lkey: one load each) and the send completion's own entry.
 //! Left out because this is a measurement, not the transport: payloads above [`PAYLOAD_MAX`]
 //! (an offset into the sender's MR the receiver copies from), RNR timers, more than one
 //! sender in the runs (there are two cores).
+//!
+//! Session 17 also measured a second way of learning that a cell is free, a sender's cached
+//! copy of `head` (credits, exact for one sender only); lap claims were as fast or faster on
+//! every row (docs/shm-provider.md, "Its ceiling, measured"), so only they remain.
 
-use super::{pin, Line};
+use super::pin;
+use dataplane::shm::msgq::{self, MsgQueue, MsgReceiver, PAYLOAD_MAX, PAYLOAD_WORDS};
 use hdrhistogram::Histogram;
+use std::alloc::Layout;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Payload bytes a cell carries after its sequence and header words.
-pub const PAYLOAD_MAX: usize = 48;
-
-/// Payload words per cell.
-const WORDS: usize = PAYLOAD_MAX / 8;
-
-/// One FIFO cell: a cache line.
-#[repr(C, align(64))]
-struct Cell {
-    /// `pos + 1` once the message at position `pos` is written (Release).
-    seq: AtomicU64,
-    /// Length in the low 32 bits, immediate in the high 32.
-    hdr: AtomicU64,
-    data: [AtomicU64; WORDS],
-}
-
-/// How senders learn that a cell is free.
-#[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
-pub enum Claim {
-    /// A cached copy of the receiver's `head`, re-read when it says the FIFO is full: one
-    /// sender only (a check and a claim by two would race).
-    Credits,
-    /// The claimed cell's own sequence word (Vyukov): any number of senders.
-    Lap,
-}
-
-/// A receiver's message FIFO.
+/// A message queue over its own aligned heap memory (both threads of the run share it).
 pub struct Fifo {
-    claim: Claim,
-    /// Positions claimed by senders (`fetch_add`).
-    tail: Line,
-    /// Messages the receiver consumed: credits and acknowledgements.
-    head: Line,
-    cells: Box<[Cell]>,
-    mask: u64,
+    base: *mut u8,
+    layout: Layout,
+    q: MsgQueue,
 }
+
+// SAFETY: the memory is only reached through the queue's atomics, and it is freed only when
+// the last `Arc<Fifo>` goes, after both threads stopped using it.
+unsafe impl Send for Fifo {}
+// SAFETY: as above.
+unsafe impl Sync for Fifo {}
 
 impl Fifo {
-    /// A FIFO of `cells` cells (a power of two) whose senders claim cells as `claim` says.
-    pub fn new(cells: usize, claim: Claim) -> Fifo {
-        assert!(cells.is_power_of_two(), "FIFO size must be a power of two");
-        let mask = cells as u64 - 1;
-        // With laps, cell `i` starts free for position `i`; with credits the word only ever
-        // holds `pos + 1` of the message in it, and 0 (no message) at first.
-        let first_seq = |i: u64| if claim == Claim::Lap { i } else { 0 };
-        let cells = (0..cells as u64)
-            .map(|i| Cell { seq: AtomicU64::new(first_seq(i)), hdr: AtomicU64::new(0), data: Default::default() })
-            .collect();
-        Fifo { claim, tail: Line::default(), head: Line::default(), cells, mask }
+    /// A FIFO of `cells` cells (a power of two, at least 2).
+    pub fn new(cells: usize) -> Fifo {
+        let layout = Layout::from_size_align(MsgQueue::bytes(cells), msgq::ALIGN).expect("FIFO layout");
+        // SAFETY: the size is non-zero (a header and at least one cell).
+        let base = unsafe { std::alloc::alloc_zeroed(layout) };
+        if base.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        // SAFETY: fresh memory of the queue's size and alignment, private until this returns,
+        // and freed only in `drop`.
+        let q = unsafe { MsgQueue::init(base, cells) };
+        Fifo { base, layout, q }
     }
 }
 
-/// The sending side: a cached copy of the receiver's `head`.
+impl Drop for Fifo {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout; no view of the queue outlives `self`.
+        unsafe { std::alloc::dealloc(self.base, self.layout) }
+    }
+}
+
+/// The sending side.
 pub struct Sender<'a> {
-    fifo: &'a Fifo,
-    head_seen: u64,
-    /// Messages posted (equal to the FIFO's `tail` with one sender).
-    posted: u64,
+    q: &'a MsgQueue,
 }
 
 impl<'a> Sender<'a> {
     /// A sender on `fifo`.
     pub fn new(fifo: &'a Fifo) -> Sender<'a> {
-        Sender { fifo, head_seen: 0, posted: 0 }
+        Sender { q: &fifo.q }
     }
 
     /// Posts `count` messages of `payload` (at most [`PAYLOAD_MAX`] bytes) as one post list,
     /// the first word of message `k` replaced by `first + k` (a sequence number the receiver
-    /// checks). With [`Claim::Credits`], returns false, posting nothing, when the FIFO lacks
-    /// `count` free cells (a real transport's RNR); with [`Claim::Lap`] it waits for each
-    /// claimed cell instead (the transport would bound that wait by its RNR timer).
+    /// checks). Claims the positions at once and waits for each claimed cell to be free for
+    /// its lap (the transport bounds that wait by its RNR timer).
     #[inline]
-    pub fn post(&mut self, payload: &[u8], first: u64, count: u64, imm: u32) -> bool {
-        let cap = self.fifo.mask + 1;
-        let lap = self.fifo.claim == Claim::Lap;
-        if !lap && self.posted + count - self.head_seen > cap {
-            self.head_seen = self.fifo.head.0.load(Ordering::Acquire);
-            if self.posted + count - self.head_seen > cap {
-                return false;
-            }
-        }
+    pub fn post(&mut self, payload: &[u8], first: u64, count: u64, imm: u32) {
         // The payload as the cell's words, once per post list (word 0 is each message's
-        // sequence number, written below).
-        let mut words = [0u64; WORDS];
+        // sequence number, set below).
+        let mut words = [0u64; PAYLOAD_WORDS];
         for (w, chunk) in words.iter_mut().zip(payload.chunks(8)) {
             let mut b = [0u8; 8];
             b[..chunk.len()].copy_from_slice(chunk);
             *w = u64::from_le_bytes(b);
         }
-        let n_words = payload.len().div_ceil(8);
-        let pos = self.fifo.tail.0.fetch_add(count, Ordering::Relaxed);
-        let hdr = payload.len() as u64 | (u64::from(imm) << 32);
+        let pos = self.q.claim(count);
         for k in 0..count {
-            let c = &self.fifo.cells[((pos + k) & self.fifo.mask) as usize];
-            if lap {
-                while c.seq.load(Ordering::Acquire) != pos + k {
-                    std::hint::spin_loop();
-                }
+            words[0] = first + k;
+            while self.q.write(pos + k, payload.len() as u32, imm, &words).is_err() {
+                std::hint::spin_loop();
             }
-            c.hdr.store(hdr, Ordering::Relaxed);
-            c.data[0].store(first + k, Ordering::Relaxed);
-            for (d, &v) in c.data[1..n_words].iter().zip(&words[1..n_words]) {
-                d.store(v, Ordering::Relaxed);
-            }
-            c.seq.store(pos + k + 1, Ordering::Release);
         }
-        self.posted += count;
-        true
     }
 
     /// Messages the receiver has consumed (the send completions), re-read from its `head`.
     pub fn acked(&mut self) -> u64 {
-        self.head_seen = self.fifo.head.0.load(Ordering::Acquire);
-        self.head_seen
+        self.q.acked()
     }
 }
 
@@ -162,20 +117,19 @@ pub struct Wc {
     pub imm: u32,
 }
 
-/// The receiving side: the FIFO's consumer and a local ring of posted receive buffers.
-pub struct Receiver<'a> {
-    fifo: &'a Fifo,
-    head: u64,
+/// The receiving side: the queue's receiver and a local ring of posted receive buffers.
+pub struct Receiver {
+    rx: MsgReceiver,
     /// Posted receive requests in order; a request's id is its buffer's index.
     posted: VecDeque<u64>,
     bufs: Vec<[u8; PAYLOAD_MAX]>,
 }
 
-impl<'a> Receiver<'a> {
+impl Receiver {
     /// A receiver on `fifo` with `depth` receive buffers, all posted.
-    pub fn new(fifo: &'a Fifo, depth: usize) -> Receiver<'a> {
+    pub fn new(fifo: &Fifo, depth: usize) -> Receiver {
         let posted = (0..depth as u64).collect();
-        Receiver { fifo, head: 0, posted, bufs: vec![[0; PAYLOAD_MAX]; depth] }
+        Receiver { rx: MsgReceiver::new(fifo.q), posted, bufs: vec![[0; PAYLOAD_MAX]; depth] }
     }
 
     /// Re-posts buffer `wr_id` (local: a push on the ring, nothing crosses cores).
@@ -191,35 +145,19 @@ impl<'a> Receiver<'a> {
     }
 
     /// Polls up to `wc.len()` messages; returns how many completions it wrote. A message
-    /// with no posted receive stays in the FIFO (the sender's credits stop it).
+    /// with no posted receive stays in the FIFO.
     #[inline]
     pub fn poll(&mut self, wc: &mut [Wc]) -> usize {
         let mut n = 0;
         while n < wc.len() {
-            let c = &self.fifo.cells[(self.head & self.fifo.mask) as usize];
-            if c.seq.load(Ordering::Acquire) != self.head + 1 {
-                break;
-            }
-            let Some(wr_id) = self.posted.pop_front() else { break };
-            let hdr = c.hdr.load(Ordering::Relaxed);
-            // A length above a cell's payload (a corrupt writer) is clamped to it.
-            let len = (hdr as u32 as usize).min(PAYLOAD_MAX);
-            let dst = &mut self.bufs[wr_id as usize];
-            for (w, out) in dst[..len].chunks_mut(8).enumerate() {
-                let v = c.data[w].load(Ordering::Relaxed).to_le_bytes();
-                out.copy_from_slice(&v[..out.len()]);
-            }
-            wc[n] = Wc { wr_id, byte_len: len as u32, imm: (hdr >> 32) as u32 };
-            if self.fifo.claim == Claim::Lap {
-                // Free for the next lap's sender (Release: our reads of it come first).
-                c.seq.store(self.head + self.fifo.mask + 1, Ordering::Release);
-            }
+            let Some(&wr_id) = self.posted.front() else { break };
+            let Some(d) = self.rx.poll() else { break };
+            self.posted.pop_front();
+            let len = d.copy_to(&mut self.bufs[wr_id as usize]);
+            wc[n] = Wc { wr_id, byte_len: len as u32, imm: d.imm };
             n += 1;
-            self.head += 1;
         }
-        if n > 0 {
-            self.fifo.head.0.store(self.head, Ordering::Release);
-        }
+        self.rx.publish();
         n
     }
 }
@@ -237,7 +175,7 @@ const IMM: u32 = 0x1234_5678;
 /// Exits with a message if a completion is not the one expected (sequence number in the
 /// first payload word, length, immediate): the transport lost, duplicated, reordered or
 /// corrupted a message.
-fn check(rx: &Receiver<'_>, wc: &Wc, want: u64, size: usize) {
+fn check(rx: &Receiver, wc: &Wc, want: u64, size: usize) {
     let got = rx.first_word(wc.wr_id);
     if got != want || wc.byte_len as usize != size || wc.imm != IMM {
         eprintln!("dp-limits: fifo delivered {wc:?} with message {got} where {want} of {size} B was due");
@@ -247,9 +185,9 @@ fn check(rx: &Receiver<'_>, wc: &Wc, want: u64, size: usize) {
 
 /// Ping-pong through two FIFOs: one-way latency (half round trip), each sample timed with
 /// `Instant` as `pingpong` and `dp-perf send_lat` time theirs.
-pub fn lat(core: usize, peer: usize, json: bool, size: usize, iters: u64, claim: Claim) {
+pub fn lat(core: usize, peer: usize, json: bool, size: usize, iters: u64) {
     check_size(size);
-    let (to_peer, to_us) = (Arc::new(Fifo::new(256, claim)), Arc::new(Fifo::new(256, claim)));
+    let (to_peer, to_us) = (Arc::new(Fifo::new(256)), Arc::new(Fifo::new(256)));
     let (a, b) = (to_peer.clone(), to_us.clone());
     let warm = iters / 10 + 1000;
     let total = warm + iters;
@@ -263,7 +201,7 @@ pub fn lat(core: usize, peer: usize, json: bool, size: usize, iters: u64, claim:
             while rx.poll(&mut wc) == 0 {}
             check(&rx, &wc[0], i, size);
             rx.post_recv(wc[0].wr_id);
-            while !tx.post(&p2, i, 1, IMM) {}
+            tx.post(&p2, i, 1, IMM);
         }
     });
     pin(core);
@@ -276,7 +214,7 @@ pub fn lat(core: usize, peer: usize, json: bool, size: usize, iters: u64, claim:
             start = Instant::now();
         }
         let t0 = Instant::now();
-        while !tx.post(&payload, i, 1, IMM) {}
+        tx.post(&payload, i, 1, IMM);
         while rx.poll(&mut wc) == 0 {}
         if i >= warm {
             hist.record((t0.elapsed().as_nanos() as u64 / 2).max(1)).ok();
@@ -289,11 +227,11 @@ pub fn lat(core: usize, peer: usize, json: bool, size: usize, iters: u64, claim:
     let (min, p50, p99) = (hist.min(), hist.value_at_quantile(0.5), hist.value_at_quantile(0.99));
     if json {
         println!(
-            "{{\"test\":\"fifo-lat\",\"claim\":\"{claim:?}\",\"MsgSize\":{size},\"iters\":{iters},\"min_ns\":{min},\"p50_ns\":{p50},\"p99_ns\":{p99},\"avg_ns\":{avg:.1}}}"
+            "{{\"test\":\"fifo-lat\",\"MsgSize\":{size},\"iters\":{iters},\"min_ns\":{min},\"p50_ns\":{p50},\"p99_ns\":{p99},\"avg_ns\":{avg:.1}}}"
         );
     } else {
         println!(
-            "message FIFO ({claim:?}) ping-pong, {size} B, cores {core}->{peer}: {iters} round trips, half round trip ns: min {min} p50 {p50} p99 {p99} avg {avg:.1}"
+            "message FIFO ping-pong, {size} B, cores {core}->{peer}: {iters} round trips, half round trip ns: min {min} p50 {p50} p99 {p99} avg {avg:.1}"
         );
     }
 }
@@ -302,15 +240,14 @@ pub fn lat(core: usize, peer: usize, json: bool, size: usize, iters: u64, claim:
 /// acknowledgement (as `dp-perf send_bw` ends at its last send completion). At most
 /// `tx_depth` messages are unacknowledged (dp-perf's send queue depth); the receiver polls
 /// bursts of 32 and re-posts each buffer at once, as dp-perf's receiver does.
-#[allow(clippy::too_many_arguments)]
-pub fn bw(core: usize, peer: usize, json: bool, size: usize, iters: u64, post_list: u64, tx_depth: u64, claim: Claim) {
+pub fn bw(core: usize, peer: usize, json: bool, size: usize, iters: u64, post_list: u64, tx_depth: u64) {
     check_size(size);
     if post_list == 0 || post_list > tx_depth || iters == 0 {
         eprintln!("dp-limits: fifo-bw needs 1 <= --post-list <= --tx-depth and --iters >= 1");
         std::process::exit(2);
     }
     // 512 receive buffers, as dp-perf's default receive depth; the FIFO as deep.
-    let fifo = Arc::new(Fifo::new(512, claim));
+    let fifo = Arc::new(Fifo::new(512));
     let f2 = fifo.clone();
     let t = std::thread::spawn(move || {
         pin(peer);
@@ -338,9 +275,8 @@ pub fn bw(core: usize, peer: usize, json: bool, size: usize, iters: u64, post_li
             acked = tx.acked();
             continue;
         }
-        if tx.post(&payload, sent, k, IMM) {
-            sent += k;
-        }
+        tx.post(&payload, sent, k, IMM);
+        sent += k;
     }
     while acked < iters {
         acked = tx.acked();
@@ -351,11 +287,11 @@ pub fn bw(core: usize, peer: usize, json: bool, size: usize, iters: u64, post_li
     let mbs = (size as u64 * iters) as f64 / secs / (1 << 20) as f64;
     if json {
         println!(
-            "{{\"test\":\"fifo-bw\",\"claim\":\"{claim:?}\",\"MsgSize\":{size},\"iters\":{iters},\"post_list\":{post_list},\"MsgRate\":{mpps:.6},\"BW_average\":{mbs:.2}}}"
+            "{{\"test\":\"fifo-bw\",\"MsgSize\":{size},\"iters\":{iters},\"post_list\":{post_list},\"MsgRate\":{mpps:.6},\"BW_average\":{mbs:.2}}}"
         );
     } else {
         println!(
-            "message FIFO ({claim:?}), {size} B, post list {post_list}, cores {core}->{peer}: {iters} messages, {mpps:.3} Mpps, {mbs:.2} MB/s"
+            "message FIFO, {size} B, post list {post_list}, cores {core}->{peer}: {iters} messages, {mpps:.3} Mpps, {mbs:.2} MB/s"
         );
     }
 }

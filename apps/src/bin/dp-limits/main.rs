@@ -71,9 +71,6 @@ enum Test {
         /// Round trips.
         #[arg(short = 'n', long, default_value_t = 1_000_000)]
         iters: u64,
-        /// How senders learn that a cell is free.
-        #[arg(long, value_enum, default_value_t = fifo::Claim::Lap)]
-        claim: fifo::Claim,
     },
     /// Stalls of a pinned busy-polling thread on each of the two cores (the floor of an
     /// open-loop pipeline's tail latency here).
@@ -96,9 +93,6 @@ enum Test {
         /// Unacknowledged messages at most (dp-perf's send queue depth).
         #[arg(short = 't', long, default_value_t = 128)]
         tx_depth: u64,
-        /// How senders learn that a cell is free.
-        #[arg(long, value_enum, default_value_t = fifo::Claim::Lap)]
-        claim: fifo::Claim,
     },
 }
 
@@ -121,9 +115,9 @@ fn main() {
         Test::Pingpong { iters } => pingpong(&args, iters),
         Test::Copy { size, iters, slots } => copy(&args, size, iters, slots),
         Test::Hiccup { duration } => hiccup::run(args.core, args.peer_core, args.json, duration),
-        Test::FifoLat { size, iters, claim } => fifo::lat(args.core, args.peer_core, args.json, size, iters, claim),
-        Test::FifoBw { size, iters, post_list, tx_depth, claim } => {
-            fifo::bw(args.core, args.peer_core, args.json, size, iters, post_list, tx_depth, claim)
+        Test::FifoLat { size, iters } => fifo::lat(args.core, args.peer_core, args.json, size, iters),
+        Test::FifoBw { size, iters, post_list, tx_depth } => {
+            fifo::bw(args.core, args.peer_core, args.json, size, iters, post_list, tx_depth)
         }
     }
 }
