@@ -1,6 +1,7 @@
 //! The message queue of receiver-side delivery (docs/shm-provider.md, "Next design step"): a
 //! bounded queue of 64-byte cells in the receiver's memory, written by any number of senders
-//! and read by one receiver, in which a small message crosses cores as one cache line.
+//! and drained by one drainer at a time, in which a small message crosses cores as one cache
+//! line.
 //!
 //! The protocol (Vyukov's bounded queue with lap claims, the shape of UCX posix's FIFO):
 //! - A sender claims `n` consecutive positions of a post list with one `fetch_add` on `tail`
@@ -10,11 +11,14 @@
 //!   ([`MsgQueue::write`] checks with one Acquire load and refuses otherwise, so the caller
 //!   decides whether to wait or park: `post_send` must not block). The sender writes the
 //!   header and payload words (Relaxed) and publishes with a Release store of `pos + 1`.
-//! - The receiver ([`MsgReceiver`]) reads the cell at its `head` once its sequence is
-//!   `head + 1` (Acquire, which orders the payload loads after it), and frees it for the next
-//!   lap by storing `head + cells` (Release: its reads of the cell come first). It publishes
-//!   `head` ([`MsgReceiver::publish`]) once per burst, not per message: senders read it as
-//!   their acknowledgement ([`MsgQueue::acked`]).
+//! - A drainer takes the queue's drain lock for a burst ([`MsgQueue::try_drain`]: one CAS;
+//!   any thread of any process mapping the queue may drain, so that a sender can deliver
+//!   for a receiver that does not poll, as a responder NIC would). It reads the cell at
+//!   `head` once its sequence is `head + 1` (Acquire, which orders the payload loads after
+//!   it) and frees it for the next lap by storing `head + cells` (Release: its reads of the
+//!   cell come first). When the burst ends ([`Drain`] dropped) it publishes `head` and
+//!   releases the lock: once per burst, not per message. Senders read `head` as their
+//!   acknowledgement ([`MsgQueue::acked`]).
 //!
 //! Why lap claims and not a cached copy of `head` (credits): with several senders a credit
 //! check and a claim would race, and session 17 measured lap claims as fast or faster with
@@ -58,9 +62,11 @@ struct Header {
     /// Positions claimed by senders.
     tail: AtomicU64,
     _pad0: [u8; 120],
-    /// Messages the receiver consumed, published once per burst.
+    /// Messages drained, published once per burst.
     head: AtomicU64,
-    _pad1: [u8; 120],
+    /// The drain lock: 1 while a drainer holds it. On `head`'s line: only drainers write both.
+    lock: AtomicU64,
+    _pad1: [u8; 112],
 }
 
 /// Alignment the memory of a queue needs.
@@ -139,7 +145,13 @@ impl MsgQueue {
         unsafe {
             std::ptr::write(
                 hdr,
-                Header { tail: AtomicU64::new(0), _pad0: [0; 120], head: AtomicU64::new(0), _pad1: [0; 120] },
+                Header {
+                    tail: AtomicU64::new(0),
+                    _pad0: [0; 120],
+                    head: AtomicU64::new(0),
+                    lock: AtomicU64::new(0),
+                    _pad1: [0; 112],
+                },
             );
             for i in 0..cells {
                 std::ptr::write(
@@ -217,32 +229,50 @@ impl MsgQueue {
         Ok(())
     }
 
-    /// Messages the receiver has consumed (as of its last [`MsgReceiver::publish`]): every
-    /// position below it was delivered. A sender's acknowledgement.
+    /// Messages drained (as of the last drain burst's end): every position below it was
+    /// delivered. A sender's acknowledgement.
     #[inline]
     pub fn acked(&self) -> u64 {
-        // Acquire: pairs with the receiver's Release publication.
+        // Acquire: pairs with the drainer's Release publication.
         self.header().head.load(Ordering::Acquire)
     }
-}
 
-/// The receiving side of a queue: there is exactly one per queue (it owns `head`).
-#[derive(Debug)]
-pub struct MsgReceiver {
-    q: MsgQueue,
-    head: u64,
-    published: u64,
-}
-
-impl MsgReceiver {
-    /// The receiver of queue `q`, starting at the head it last published (0 for a new queue).
-    ///
-    /// The caller must make sure no other receiver of `q` is in use at the same time.
-    pub fn new(q: MsgQueue) -> MsgReceiver {
-        let head = q.acked();
-        MsgReceiver { q, head, published: head }
+    /// Whether the message at the last published head is written: a hint read without the
+    /// lock (two loads), so that a poll finding nothing costs no locked instruction. It can
+    /// say false while a drainer is mid-burst (that drainer delivers what there is); when it
+    /// says true, a message is there for whoever takes the lock.
+    #[inline]
+    pub fn ready(&self) -> bool {
+        let head = self.header().head.load(Ordering::Relaxed);
+        self.cell(head).seq.load(Ordering::Relaxed) == head + 1
     }
 
+    /// Takes the drain lock for a burst; `None` if another drainer holds it (it will deliver
+    /// what is there). The lock is released, and `head` published, when the [`Drain`] drops.
+    ///
+    /// A drainer that dies holding the lock stops delivery; nothing here recovers it yet.
+    #[inline]
+    pub fn try_drain(&self) -> Option<Drain> {
+        let h = self.header();
+        // Acquire: the previous drainer's cell frees and its `head` come before our reads.
+        h.lock.compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed).ok()?;
+        // Relaxed: only a lock holder writes `head`, and the lock's Acquire ordered the last
+        // holder's store before this load.
+        let head = h.head.load(Ordering::Relaxed);
+        Some(Drain { q: *self, head, start: head })
+    }
+}
+
+/// A drain burst: the holder of a queue's drain lock. Dropping it publishes `head` and
+/// releases the lock.
+#[derive(Debug)]
+pub struct Drain {
+    q: MsgQueue,
+    head: u64,
+    start: u64,
+}
+
+impl Drain {
     /// The next position to be delivered.
     pub fn head(&self) -> u64 {
         self.head
@@ -271,16 +301,17 @@ impl MsgReceiver {
         self.head = pos + 1;
         Some(Delivered { pos, len, imm: (hdr >> 32) as u32, words })
     }
+}
 
-    /// Publishes the head to senders (their acknowledgements, and nothing else: a cell is
-    /// freed by its own sequence word). Once per burst: a store to a line senders read.
-    #[inline]
-    pub fn publish(&mut self) {
-        if self.head != self.published {
-            self.published = self.head;
+impl Drop for Drain {
+    fn drop(&mut self) {
+        let h = self.q.header();
+        if self.head != self.start {
             // Release: every delivered message's reads happen before a sender sees it acked.
-            self.q.header().head.store(self.head, Ordering::Release);
+            h.head.store(self.head, Ordering::Release);
         }
+        // Release: the next drainer sees our `head` and frees.
+        h.lock.store(0, Ordering::Release);
     }
 }
 
@@ -333,8 +364,7 @@ mod tests {
     #[test]
     fn a_message_comes_out_as_it_went_in_and_frees_its_cell_for_the_next_lap() {
         let m = Mem::arc(2);
-        let mut rx = MsgReceiver::new(m.q);
-        assert_eq!(rx.poll(), None, "an empty queue delivers nothing");
+        assert_eq!(m.q.try_drain().unwrap().poll(), None, "an empty queue delivers nothing");
         let msg = b"hello, receiver-side delivery!";
         let mut words = [0u64; PAYLOAD_WORDS];
         for (w, c) in words.iter_mut().zip(msg.chunks(8)) {
@@ -347,30 +377,53 @@ mod tests {
         m.q.write(0, msg.len() as u32, 7, &words).unwrap();
         m.q.write(1, 8, 8, &[11]).unwrap();
         assert_eq!(m.q.write(2, 8, 9, &[12]), Err(Busy::NotFree), "position 2 needs cell 0's first lap consumed");
+        let mut rx = m.q.try_drain().unwrap();
         let d = rx.poll().unwrap();
         assert_eq!((d.pos, d.len, d.imm), (0, msg.len() as u32, 7));
         let mut buf = [0u8; 64];
         assert_eq!(d.copy_to(&mut buf), msg.len());
         assert_eq!(&buf[..msg.len()], msg);
-        assert_eq!(m.q.acked(), 0, "nothing is acknowledged before publish");
-        rx.publish();
+        assert_eq!(m.q.acked(), 0, "nothing is acknowledged before the burst ends");
+        assert!(m.q.try_drain().is_none(), "one drainer at a time");
+        drop(rx);
         assert_eq!(m.q.acked(), 1);
         m.q.write(2, 8, 9, &[12]).unwrap();
+        let mut rx = m.q.try_drain().unwrap();
         assert_eq!(rx.poll().map(|d| (d.pos, d.words[0], d.imm)), Some((1, 11, 8)));
         assert_eq!(rx.poll().map(|d| (d.pos, d.words[0], d.imm)), Some((2, 12, 9)));
         assert_eq!(rx.poll(), None);
-        rx.publish();
+        drop(rx);
         assert_eq!(m.q.acked(), 3);
+    }
+
+    #[test]
+    fn ready_says_whether_the_head_holds_a_message() {
+        let m = Mem::arc(2);
+        assert!(!m.q.ready());
+        let p = m.q.claim(2);
+        m.q.write(p + 1, 8, 0, &[2]).unwrap();
+        assert!(!m.q.ready(), "the head position is claimed, not written");
+        m.q.write(p, 8, 0, &[1]).unwrap();
+        assert!(m.q.ready());
+        let mut rx = m.q.try_drain().unwrap();
+        rx.poll().unwrap();
+        rx.poll().unwrap();
+        drop(rx);
+        assert!(!m.q.ready(), "all delivered");
     }
 
     #[test]
     fn a_claimed_but_unwritten_position_holds_back_the_ones_after_it() {
         let m = Mem::arc(4);
-        let mut rx = MsgReceiver::new(m.q);
         let p = m.q.claim(2);
         m.q.write(p + 1, 8, 0, &[2]).unwrap();
-        assert_eq!(rx.poll(), None, "position 0 is claimed, not written: delivery stays in order");
+        assert_eq!(
+            m.q.try_drain().unwrap().poll(),
+            None,
+            "position 0 is claimed, not written: delivery stays in order"
+        );
         m.q.write(p, 8, 0, &[1]).unwrap();
+        let mut rx = m.q.try_drain().unwrap();
         assert_eq!(rx.poll().map(|d| d.words[0]), Some(1));
         assert_eq!(rx.poll().map(|d| d.words[0]), Some(2));
     }
@@ -386,38 +439,39 @@ mod tests {
     #[test]
     fn hostile_lengths_are_cut_to_a_cell() {
         let m = Mem::arc(2);
-        let mut rx = MsgReceiver::new(m.q);
         m.q.claim(1);
         m.q.write(0, u32::MAX, 0, &[1; PAYLOAD_WORDS]).unwrap();
-        let d = rx.poll().unwrap();
+        let d = m.q.try_drain().unwrap().poll().unwrap();
         assert_eq!(d.len as usize, PAYLOAD_MAX);
         let mut small = [0u8; 5];
         assert_eq!(d.copy_to(&mut small), 5, "a short destination bounds the copy");
     }
 
     #[test]
-    fn a_receiver_made_again_resumes_at_the_published_head() {
+    fn each_drain_burst_resumes_where_the_last_one_ended() {
         let m = Mem::arc(4);
-        let mut rx = MsgReceiver::new(m.q);
         for v in 0..3u64 {
             let p = m.q.claim(1);
             m.q.write(p, 8, 0, &[v]).unwrap();
         }
+        let mut rx = m.q.try_drain().unwrap();
         rx.poll().unwrap();
         rx.poll().unwrap();
-        rx.publish();
-        // A new receiver (say, of a process that restarted) takes over from the published head.
-        let mut rx = MsgReceiver::new(m.q);
+        drop(rx);
+        // Another drainer (another thread, or a sender helping) takes over from there.
+        let mut rx = m.q.try_drain().unwrap();
         assert_eq!(rx.head(), 2);
         assert_eq!(rx.poll().map(|d| d.words[0]), Some(2));
     }
 
-    /// Several senders with post lists, a small queue so that laps wrap thousands of times:
-    /// every message arrives once, each sender's in its claim order, its words intact.
+    /// Several senders with post lists and two drainers competing for the lock, a small
+    /// queue so that laps wrap thousands of times: every position is delivered once, each
+    /// sender's messages in its claim order, their words intact.
     #[test]
-    fn many_senders_through_a_small_queue_lose_nothing_and_keep_each_senders_order() {
+    fn many_senders_and_two_drainers_lose_nothing_and_keep_each_senders_order() {
         const SENDERS: u64 = 3;
-        const PER: u64 = 30_000;
+        const PER: u64 = 20_000;
+        const TOTAL: u64 = SENDERS * PER;
         let m = Mem::arc(8);
         let senders: Vec<_> = (0..SENDERS)
             .map(|s| {
@@ -439,32 +493,45 @@ mod tests {
                 })
             })
             .collect();
-        let mut rx = MsgReceiver::new(m.q);
-        let mut next = [0u64; SENDERS as usize];
-        let mut got = 0;
-        while got < SENDERS * PER {
-            match rx.poll() {
-                Some(d) => {
-                    let (s, v) = (d.words[0], d.words[1]);
-                    assert_eq!(d.len, 32);
-                    assert_eq!(u64::from(d.imm), s);
-                    assert_eq!(next[s as usize], v, "sender {s}'s messages out of order");
-                    assert_eq!((d.words[2], d.words[3]), (!v, v.rotate_left(17)), "message torn");
-                    next[s as usize] += 1;
-                    got += 1;
-                    if got % 16 == 0 {
-                        rx.publish();
+        let drainers: Vec<_> = (0..2)
+            .map(|_| {
+                let m = m.clone();
+                std::thread::spawn(move || {
+                    let mut got = Vec::new();
+                    while m.q.acked() < TOTAL {
+                        let Some(mut rx) = m.q.try_drain() else {
+                            std::thread::yield_now();
+                            continue;
+                        };
+                        // Bursts of up to 16, then the lock goes back.
+                        for _ in 0..16 {
+                            let Some(d) = rx.poll() else { break };
+                            assert_eq!(d.len, 32);
+                            assert_eq!(u64::from(d.imm), d.words[0]);
+                            assert_eq!((d.words[2], d.words[3]), (!d.words[1], d.words[1].rotate_left(17)), "torn");
+                            got.push((d.pos, d.words[0], d.words[1]));
+                        }
+                        drop(rx);
+                        std::thread::yield_now();
                     }
-                }
-                None => std::thread::yield_now(),
-            }
-        }
+                    got
+                })
+            })
+            .collect();
         for t in senders {
             t.join().unwrap();
         }
-        rx.publish();
-        assert_eq!(m.q.acked(), SENDERS * PER);
-        assert_eq!(rx.poll(), None);
+        let mut all: Vec<_> = drainers.into_iter().flat_map(|t| t.join().unwrap()).collect();
+        all.sort_unstable();
+        assert_eq!(all.len() as u64, TOTAL, "every position delivered once");
+        let mut next = [0u64; SENDERS as usize];
+        for (i, &(pos, s, v)) in all.iter().enumerate() {
+            assert_eq!(pos, i as u64, "positions delivered once each");
+            assert_eq!(next[s as usize], v, "sender {s}'s messages out of order");
+            next[s as usize] += 1;
+        }
+        assert_eq!(m.q.acked(), TOTAL);
+        assert_eq!(m.q.try_drain().unwrap().poll(), None);
     }
 }
 
@@ -488,37 +555,38 @@ mod loom_tests {
         seen.push(d.words[0]);
     }
 
-    /// A receiver that polls twice while the senders run (taking what is ready, never
-    /// waiting); returns it with the values it took.
-    fn poll_twice(q: MsgQueue) -> (MsgReceiver, Vec<u64>) {
-        let mut rx = MsgReceiver::new(q);
+    /// A drainer that tries two bursts of one message while the senders run (taking what is
+    /// ready, never waiting); returns the values it took.
+    fn poll_twice(q: MsgQueue) -> Vec<u64> {
         let mut seen = Vec::new();
         for _ in 0..2 {
-            let want = rx.head();
-            if let Some(d) = rx.poll() {
-                check(d, want, &mut seen);
+            if let Some(mut rx) = q.try_drain() {
+                let want = rx.head();
+                if let Some(d) = rx.poll() {
+                    check(d, want, &mut seen);
+                }
             }
         }
-        (rx, seen)
+        seen
     }
 
     /// Ends a model after every thread joined (no thread ever waits, as loom needs): writes
     /// what the senders could not, lowest position first, each after draining what is
     /// ready, then drains the rest.
-    fn finish(m: &Mem, rx: &mut MsgReceiver, mut pending: Vec<(u64, u64)>, seen: &mut Vec<u64>) {
-        pending.sort_unstable();
-        for (pos, v) in pending {
+    fn finish(m: &Mem, mut pending: Vec<(u64, u64)>, seen: &mut Vec<u64>) {
+        let drain_all = |seen: &mut Vec<u64>| {
+            let mut rx = m.q.try_drain().expect("every other drainer has joined");
             while let Some(d) = rx.poll() {
                 let want = rx.head() - 1;
                 check(d, want, seen);
             }
+        };
+        pending.sort_unstable();
+        for (pos, v) in pending {
+            drain_all(seen);
             assert!(try_send(&m.q, pos, v).is_none(), "a drained queue refused position {pos}");
         }
-        while let Some(d) = rx.poll() {
-            let want = rx.head() - 1;
-            check(d, want, seen);
-        }
-        rx.publish();
+        drain_all(seen);
     }
 
     /// Two senders into a queue of two cells, one posting a list of two, the receiver
@@ -538,9 +606,9 @@ mod loom_tests {
                     })
                 })
                 .collect();
-            let (mut rx, mut seen) = poll_twice(m.q);
+            let mut seen = poll_twice(m.q);
             let pending: Vec<_> = ts.into_iter().flat_map(|t| t.join().unwrap()).collect();
-            finish(&m, &mut rx, pending, &mut seen);
+            finish(&m, pending, &mut seen);
             let (one, two) = (seen.iter().position(|&v| v == 1), seen.iter().position(|&v| v == 2));
             assert!(one < two, "a post list is delivered in its order: {seen:?}");
             seen.sort_unstable();
@@ -563,9 +631,43 @@ mod loom_tests {
                 .into_iter()
                 .flatten()
                 .collect();
-            let (mut rx, mut seen) = r.join().unwrap();
-            finish(&m, &mut rx, pending, &mut seen);
+            let mut seen = r.join().unwrap();
+            finish(&m, pending, &mut seen);
             assert_eq!(seen, [5, 6, 7], "in post order, each once");
+        });
+    }
+
+    /// Two drainers racing for the lock while a sender posts a list of two: each message is
+    /// delivered by exactly one of them, and `head` ends acknowledging both.
+    #[test]
+    fn loom_msgq_two_drainers() {
+        loom::model(|| {
+            let m = Arc::new(Mem::new(2));
+            let drainers: Vec<_> = (0..2)
+                .map(|_| {
+                    let m = m.clone();
+                    thread::spawn(move || {
+                        let mut seen = Vec::new();
+                        if let Some(mut rx) = m.q.try_drain() {
+                            for _ in 0..2 {
+                                let want = rx.head();
+                                if let Some(d) = rx.poll() {
+                                    check(d, want, &mut seen);
+                                }
+                            }
+                        }
+                        seen
+                    })
+                })
+                .collect();
+            let p = m.q.claim(2);
+            let pending: Vec<_> = [try_send(&m.q, p, 5), try_send(&m.q, p + 1, 6)].into_iter().flatten().collect();
+            assert!(pending.is_empty(), "two cells hold a list of two without a lap");
+            let mut seen: Vec<_> = drainers.into_iter().flat_map(|t| t.join().unwrap()).collect();
+            finish(&m, Vec::new(), &mut seen);
+            seen.sort_unstable();
+            assert_eq!(seen, [5, 6], "each message once");
+            assert_eq!(m.q.acked(), 2);
         });
     }
 }
