@@ -31,8 +31,10 @@
 //! it; a length above [`PAYLOAD_MAX`] reads as [`PAYLOAD_MAX`].
 //!
 //! Not here yet (the transport built on it must add them): skipping the cell of a sender that
-//! claimed and died (a claim that is never written stops the receiver at it), and payloads
-//! larger than a cell.
+//! claimed and died (a claim that is never written stops the drainer at it; docs/shm-provider.md
+//! plans per-process claim records checked against the fabric's liveness test, since a
+//! timeout alone would race a writer that is only slow), recovering the drain lock of a
+//! drainer that died, and payloads larger than a cell.
 
 #[cfg(loom)]
 use loom::sync::atomic::{AtomicU64, Ordering};
