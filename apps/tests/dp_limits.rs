@@ -41,29 +41,23 @@ fn limits_json(args: &[&str]) -> Json {
 fn fifo_streams_deliver_every_message_in_order() {
     // The receiver checks each message's sequence number, length and immediate and exits
     // non-zero on the first wrong one; post lists that do not divide the count and a FIFO
-    // wrapping many times (512 cells, a send queue of 16) are both covered, with both ways of
-    // claiming a cell.
-    for claim in ["credits", "lap"] {
-        // The last: more messages in flight than the FIFO's 512 cells, so senders wait for
-        // cells to come free (credits) or for their lap (lap).
-        for (size, list, depth) in [("8", "1", "128"), ("48", "7", "16"), ("20", "32", "128"), ("8", "32", "2048")] {
-            let args = ["fifo-bw", "-s", size, "-n", "20000", "-l", list, "-t", depth, "--claim", claim];
-            let j = limits_json(&args);
-            assert_eq!(j.get("claim").str().to_lowercase(), claim);
-            assert_eq!(j.get("iters").num(), 20000.0);
-            assert_eq!(j.get("MsgSize").num(), size.parse::<f64>().unwrap());
-            assert!(j.get("MsgRate").num() > 0.0, "a rate was measured");
-        }
+    // wrapping many times (512 cells, a send queue of 16) are both covered.
+    // The last: more messages in flight than the FIFO's 512 cells, so senders wait for their
+    // lap.
+    for (size, list, depth) in [("8", "1", "128"), ("48", "7", "16"), ("20", "32", "128"), ("8", "32", "2048")] {
+        let args = ["fifo-bw", "-s", size, "-n", "20000", "-l", list, "-t", depth];
+        let j = limits_json(&args);
+        assert_eq!(j.get("iters").num(), 20000.0);
+        assert_eq!(j.get("MsgSize").num(), size.parse::<f64>().unwrap());
+        assert!(j.get("MsgRate").num() > 0.0, "a rate was measured");
     }
 }
 
 #[test]
 fn fifo_ping_pong_reports_its_latency() {
-    for claim in ["credits", "lap"] {
-        let j = limits_json(&["fifo-lat", "-n", "2000", "--claim", claim]);
-        let (min, p50, p99) = (j.get("min_ns").num(), j.get("p50_ns").num(), j.get("p99_ns").num());
-        assert!(min >= 1.0 && min <= p50 && p50 <= p99, "ordered percentiles: {min} {p50} {p99}");
-    }
+    let j = limits_json(&["fifo-lat", "-n", "2000"]);
+    let (min, p50, p99) = (j.get("min_ns").num(), j.get("p50_ns").num(), j.get("p99_ns").num());
+    assert!(min >= 1.0 && min <= p50 && p50 <= p99, "ordered percentiles: {min} {p50} {p99}");
 }
 
 #[test]
