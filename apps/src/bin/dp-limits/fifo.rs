@@ -8,10 +8,11 @@
 //! positions with one `fetch_add` and writes each cell, packing the payload into words once
 //! per list. The receiver takes the message at its head, takes its own receive request from
 //! a local ring (no trust boundary, nothing to re-check), copies the payload into the posted
-//! buffer, writes the work completion into the caller's array; each poll is one drain burst
-//! (the queue's drain lock, one CAS on a line only it writes here, then `head` published
-//! once: the senders' acknowledgements in one word). One cell line crosses cores per
-//! message, plus `head` once per burst.
+//! buffer, writes the work completion into the caller's array, and after each poll publishes
+//! `head` once: the senders' acknowledgements in one word. It holds the queue's drain lock
+//! for the whole run (the owner keeping the lock while it polls; taking it per poll cost
+//! 5 ns of latency, docs/shm-provider.md). One cell line crosses cores per message, plus
+//! `head` once per burst.
 //!
 //! Left out, because they cost the same in any design: the verbs checks a post does on its
 //! own lines (opcode, QP state, lkey: one load each) and the send completion's own entry.
@@ -24,7 +25,7 @@
 //! every row (docs/shm-provider.md, "Its ceiling, measured"), so only they remain.
 
 use super::pin;
-use dataplane::shm::msgq::{self, MsgQueue, PAYLOAD_MAX, PAYLOAD_WORDS};
+use dataplane::shm::msgq::{self, Drain, MsgQueue, PAYLOAD_MAX, PAYLOAD_WORDS};
 use hdrhistogram::Histogram;
 use std::alloc::Layout;
 use std::collections::VecDeque;
@@ -118,9 +119,11 @@ pub struct Wc {
     pub imm: u32,
 }
 
-/// The receiving side: the queue and a local ring of posted receive buffers.
+/// The receiving side: the queue's drain lock, held for the whole run (the only drainer
+/// here: the "owner keeps the lock while it polls" of docs/shm-provider.md), and a local
+/// ring of posted receive buffers.
 pub struct Receiver {
-    q: MsgQueue,
+    rx: Drain,
     /// Posted receive requests in order; a request's id is its buffer's index.
     posted: VecDeque<u64>,
     bufs: Vec<[u8; PAYLOAD_MAX]>,
@@ -130,7 +133,8 @@ impl Receiver {
     /// A receiver on `fifo` with `depth` receive buffers, all posted.
     pub fn new(fifo: &Fifo, depth: usize) -> Receiver {
         let posted = (0..depth as u64).collect();
-        Receiver { q: fifo.q, posted, bufs: vec![[0; PAYLOAD_MAX]; depth] }
+        let rx = fifo.q.try_drain().expect("the FIFO's only drainer");
+        Receiver { rx, posted, bufs: vec![[0; PAYLOAD_MAX]; depth] }
     }
 
     /// Re-posts buffer `wr_id` (local: a push on the ring, nothing crosses cores).
@@ -145,26 +149,21 @@ impl Receiver {
         u64::from_le_bytes(b[..8].try_into().expect("8 bytes"))
     }
 
-    /// Polls up to `wc.len()` messages in one drain burst (the drain lock taken once, `head`
-    /// published once when it ends); returns how many completions it wrote. A message with
-    /// no posted receive stays in the FIFO.
+    /// Polls up to `wc.len()` messages; returns how many completions it wrote, and publishes
+    /// `head` (the senders' acknowledgements) once if any. A message with no posted receive
+    /// stays in the FIFO.
     #[inline]
     pub fn poll(&mut self, wc: &mut [Wc]) -> usize {
-        // The lock-free hint first: an empty poll costs two loads, no CAS. Then the lock (the
-        // only drainer here, so it is free: what it costs is the CAS).
-        if self.posted.is_empty() || !self.q.ready() {
-            return 0;
-        }
-        let Some(mut rx) = self.q.try_drain() else { return 0 };
         let mut n = 0;
         while n < wc.len() {
             let Some(&wr_id) = self.posted.front() else { break };
-            let Some(d) = rx.poll() else { break };
+            let Some(d) = self.rx.poll() else { break };
             self.posted.pop_front();
             let len = d.copy_to(&mut self.bufs[wr_id as usize]);
             wc[n] = Wc { wr_id, byte_len: len as u32, imm: d.imm };
             n += 1;
         }
+        self.rx.publish();
         n
     }
 }
