@@ -209,9 +209,10 @@ impl MsgQueue {
     }
 
     /// Writes a message of `len` bytes (the first `len.div_ceil(8)` of `words`, little-endian;
-    /// a length above [`PAYLOAD_MAX`] is cut to it) with immediate `imm` at claimed position
-    /// `pos`, and publishes it. Refuses, writing nothing, while the cell still holds the
-    /// previous lap's message.
+    /// a length above [`PAYLOAD_MAX`], or above what `words` holds, is cut to it, so no byte
+    /// of an earlier message is ever read as this one's) with immediate `imm` at claimed
+    /// position `pos`, and publishes it. Refuses, writing nothing, while the cell still
+    /// holds the previous lap's message.
     #[inline]
     pub fn write(&self, pos: u64, len: u32, imm: u32, words: &[u64]) -> Result<(), Busy> {
         let c = self.cell(pos);
@@ -220,9 +221,9 @@ impl MsgQueue {
         if c.seq.load(Ordering::Acquire) != pos {
             return Err(Busy::NotFree);
         }
-        let len = len.min(PAYLOAD_MAX as u32);
+        let len = len.min(PAYLOAD_MAX.min(words.len() * 8) as u32);
         c.hdr.store(u64::from(len) | (u64::from(imm) << 32), Ordering::Relaxed);
-        let n = (len as usize).div_ceil(8).min(words.len());
+        let n = (len as usize).div_ceil(8);
         for (d, &w) in c.data[..n].iter().zip(words) {
             d.store(w, Ordering::Relaxed);
         }
@@ -242,7 +243,7 @@ impl MsgQueue {
     /// Whether the message at the last published head is written: a hint read without the
     /// lock (two loads), so that a poll finding nothing costs no locked instruction. It can
     /// say false while a drainer is mid-burst (that drainer delivers what there is); when it
-    /// says true, a message is there for whoever takes the lock.
+    /// says true, the head's message was written and not yet taken when it looked.
     #[inline]
     pub fn ready(&self) -> bool {
         let head = self.header().head.load(Ordering::Relaxed);
@@ -454,6 +455,12 @@ mod tests {
         assert_eq!(d.len as usize, PAYLOAD_MAX);
         let mut small = [0u8; 5];
         assert_eq!(d.copy_to(&mut small), 5, "a short destination bounds the copy");
+        // A length beyond the words given is cut to them: the cell's older words (the
+        // previous lap's message) are never read as this one's.
+        m.q.claim(1);
+        m.q.write(1, 40, 0, &[7, 8]).unwrap();
+        let d = m.q.try_drain().unwrap().poll().unwrap();
+        assert_eq!((d.len, d.words[0], d.words[1]), (16, 7, 8));
     }
 
     #[test]

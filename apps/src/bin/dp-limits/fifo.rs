@@ -29,6 +29,7 @@ use dataplane::shm::msgq::{self, Drain, MsgQueue, PAYLOAD_MAX, PAYLOAD_WORDS};
 use hdrhistogram::Histogram;
 use std::alloc::Layout;
 use std::collections::VecDeque;
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -122,19 +123,21 @@ pub struct Wc {
 /// The receiving side: the queue's drain lock, held for the whole run (the only drainer
 /// here: the "owner keeps the lock while it polls" of docs/shm-provider.md), and a local
 /// ring of posted receive buffers.
-pub struct Receiver {
+pub struct Receiver<'a> {
+    /// A view of `fifo`'s memory: the lifetime below keeps the FIFO alive while it is used.
     rx: Drain,
+    _fifo: PhantomData<&'a Fifo>,
     /// Posted receive requests in order; a request's id is its buffer's index.
     posted: VecDeque<u64>,
     bufs: Vec<[u8; PAYLOAD_MAX]>,
 }
 
-impl Receiver {
+impl<'a> Receiver<'a> {
     /// A receiver on `fifo` with `depth` receive buffers, all posted.
-    pub fn new(fifo: &Fifo, depth: usize) -> Receiver {
+    pub fn new(fifo: &'a Fifo, depth: usize) -> Receiver<'a> {
         let posted = (0..depth as u64).collect();
         let rx = fifo.q.try_drain().expect("the FIFO's only drainer");
-        Receiver { rx, posted, bufs: vec![[0; PAYLOAD_MAX]; depth] }
+        Receiver { rx, _fifo: PhantomData, posted, bufs: vec![[0; PAYLOAD_MAX]; depth] }
     }
 
     /// Re-posts buffer `wr_id` (local: a push on the ring, nothing crosses cores).
@@ -181,7 +184,7 @@ const IMM: u32 = 0x1234_5678;
 /// Exits with a message if a completion is not the one expected (sequence number in the
 /// first payload word, length, immediate): the transport lost, duplicated, reordered or
 /// corrupted a message.
-fn check(rx: &Receiver, wc: &Wc, want: u64, size: usize) {
+fn check(rx: &Receiver<'_>, wc: &Wc, want: u64, size: usize) {
     let got = rx.first_word(wc.wr_id);
     if got != want || wc.byte_len as usize != size || wc.imm != IMM {
         eprintln!("dp-limits: fifo delivered {wc:?} with message {got} where {want} of {size} B was due");
