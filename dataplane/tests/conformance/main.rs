@@ -101,6 +101,14 @@ fn rdma_unsupported(case: &str) -> Option<&'static str> {
     RDMA_UNSUPPORTED.iter().find(|(c, _)| *c == case).map(|(_, why)| *why)
 }
 
+/// The two post-list cases whose WR 3 fails rxe's SGE check when the WQE executes: in 3 of
+/// about 15 clean-clone CI runs (sessions 15 and 18), rxe delivered WRs 0-2 and then neither
+/// completed anything nor left RTS (docs/rdma-provider.md). They run on `shm`, which checks
+/// SGEs at post time; on `rdma` the other post-list cases still run.
+const RXE_STALLS_AFTER_LOCAL_PROT_ERR: &str = "rxe (Linux 6.1) intermittently stalls after the local protection \
+     error of WR 3 (receiver has WRs 0-2, no send completion, both QPs stay RTS: 3 CI runs of ~15); not a verdict \
+     on the provider, so not run here";
+
 /// Case name and why it cannot pass on the `rdma` provider over rxe.
 const RDMA_UNSUPPORTED: &[(&str, &str)] = &[
     ("raw_packet_opcode_column", RXE_NO_RAW),
@@ -196,6 +204,8 @@ const RDMA_UNSUPPORTED: &[(&str, &str)] = &[
         "rxe (Linux 6.1) flushes only the receives queued when the QP enters ERROR; one posted later never \
          completes",
     ),
+    ("post_list_stops_at_a_refused_wr", RXE_STALLS_AFTER_LOCAL_PROT_ERR),
+    ("post_list_checks_each_sge_of_a_shared_mr", RXE_STALLS_AFTER_LOCAL_PROT_ERR),
     (
         "send_queue_full_enomem",
         "rxe rounds its send queue up to a power of two, so it is not full at the granted max_send_wr",
