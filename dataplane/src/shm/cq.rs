@@ -1,13 +1,15 @@
 //! Completion queues: an MPSC ring in the fabric. Any sender (local or in another process)
 //! pushes CQEs; the owner polls them.
 
+use super::drain::{self, DrainCache, Got};
 use super::fabric::Fabric;
 use super::layout::*;
+use super::msgq::MsgQueue;
 use super::ring::Ring;
 use super::wire::CqRing;
 use super::CtxInner;
 use crate::verbs::{Errno, Error, Result, WcStatus, WorkCompletion};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 /// A CQE as it travels through the ring: a [`WorkCompletion`] plus the send-queue index it
@@ -31,6 +33,13 @@ pub(crate) struct CqShared {
     ring_len: u64,
     /// Whether the CQ has a completion channel (see [`has_channel`]).
     pub(crate) has_channel: bool,
+    /// The CQ's message queue (`shm::drain`), and its arena range.
+    pub(crate) mq: Option<MsgQueue>,
+    mq_range: (u64, u64),
+    /// Receive CQs whose message queues this CQ's QPs (as their send CQ) have sent into: an
+    /// empty poll helps drain them now and then ([`HELP_EVERY`]), so that a sender's
+    /// completions come even when its receiver does not poll. 0: a free entry.
+    pub(crate) help: [AtomicU32; HELP_SLOTS],
     /// Keeps the completion channel alive while the CQ may signal it.
     _channel: Option<Arc<super::channel::ChannelInner>>,
 }
@@ -53,6 +62,51 @@ impl Drop for CqShared {
             drop(l);
         }
         f.free(self.ring_off, self.ring_len);
+        if self.mq_range.1 != 0 {
+            f.free(self.mq_range.0, self.mq_range.1);
+        }
+    }
+}
+
+/// Receive CQs a send CQ remembers for helping ([`CqShared::help`]). A sender whose CQ has
+/// no free entry still sends through the queue; its completions then wait for the
+/// receiver's poll, or for a later WQE of its own that waits for them (which helps).
+pub(crate) const HELP_SLOTS: usize = 8;
+
+/// Empty polls of a send CQ between two helping drains: rare enough that a busy receiver
+/// never sees a helper contend for its queue's lock, often enough that a lone thread polling
+/// its send CQ (single-threaded loopback code) gets its completion within microseconds.
+pub(crate) const HELP_EVERY: u32 = 64;
+
+impl CqShared {
+    /// Remembers receive CQ `cqn`'s queue as one this CQ's polls help drain (cold: once per
+    /// QP and destination).
+    #[cold]
+    pub(crate) fn add_help(&self, cqn: u32) {
+        if self.help.iter().any(|h| h.load(Ordering::Relaxed) == cqn) {
+            return;
+        }
+        for h in &self.help {
+            if h.compare_exchange(0, cqn, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
+                return;
+            }
+        }
+    }
+
+    /// Helps drain the queues in [`CqShared::help`] (a stale entry, whose CQ is gone,
+    /// resolves to nothing).
+    #[cold]
+    #[inline(never)]
+    fn help_drain(&self) {
+        let f = self.fabric();
+        for h in &self.help {
+            let cqn = h.load(Ordering::Relaxed);
+            if cqn != 0 {
+                if let Some(q) = drain::cq_msgq(f, cqn) {
+                    drain::help(f, &q, cqn);
+                }
+            }
+        }
     }
 }
 
@@ -180,6 +234,10 @@ pub(crate) fn cq_ring(f: &Fabric, cqn: u32) -> Option<CqRing> {
 /// A completion queue of the `shm` provider.
 pub struct ShmCq {
     pub(crate) shared: Arc<CqShared>,
+    /// The drainer's cache for this CQ's message queue.
+    drain: DrainCache,
+    /// Empty polls since the last helping drain ([`HELP_EVERY`]).
+    empty_polls: u32,
 }
 
 impl ShmCq {
@@ -211,7 +269,39 @@ impl ShmCq {
                 return Err(e);
             }
         };
-        let l = f.lock()?;
+        // A message queue for receiver-side delivery (opt-in; not with a channel, whose
+        // waiters would have to drain it). As many cells as the CQ has entries.
+        let mq_range = if drain::enabled() && channel.is_none() {
+            let len = MsgQueue::bytes(cap.max(2)) as u64;
+            match f.alloc(len) {
+                Ok(off) => (off, len),
+                Err(e) => {
+                    f.free(ring_off, ring_len);
+                    return Err(e);
+                }
+            }
+        } else {
+            (0, 0)
+        };
+        let mq = (mq_range.1 != 0).then(|| {
+            // SAFETY: `alloc` returned `len` bytes of the mapped arena, 128-aligned (= ALIGN),
+            // that nobody else sees until the CQ number is published below; the arena stays
+            // mapped while the fabric lives, and the CQ keeps the fabric.
+            unsafe { MsgQueue::init(f.at(mq_range.0), cap.max(2)) }
+        });
+        let free_all = |f: &Fabric| {
+            f.free(ring_off, ring_len);
+            if mq_range.1 != 0 {
+                f.free(mq_range.0, mq_range.1);
+            }
+        };
+        let l = match f.lock() {
+            Ok(l) => l,
+            Err(e) => {
+                free_all(f);
+                return Err(e);
+            }
+        };
         let claimed = f.claim_slot(
             MAX_CQ,
             |i| {
@@ -224,7 +314,7 @@ impl ShmCq {
             Ok(v) => v,
             Err(e) => {
                 drop(l);
-                f.free(ring_off, ring_len);
+                free_all(f);
                 return Err(e);
             }
         };
@@ -237,6 +327,8 @@ impl ShmCq {
         s.overrun.store(0, Ordering::Relaxed);
         s.armed.store(0, Ordering::Relaxed);
         s.chan_off.store(channel.map_or(0, |c| c.inner.off), Ordering::Relaxed);
+        s.mq_off.store(mq_range.0, Ordering::Relaxed);
+        s.mq_cells.store(if mq.is_some() { cap.max(2) as u32 } else { 0 }, Ordering::Relaxed);
         s.cqn.store(cqn, Ordering::Release);
         drop(l);
         Ok(ShmCq {
@@ -248,8 +340,13 @@ impl ShmCq {
                 ring_off,
                 ring_len,
                 has_channel: channel.is_some(),
+                mq,
+                mq_range,
+                help: Default::default(),
                 _channel: channel.map(|c| c.inner.clone()),
             }),
+            drain: DrainCache::default(),
+            empty_polls: 0,
         })
     }
 
@@ -269,27 +366,69 @@ impl ShmCq {
     }
 }
 
+/// Pops CQEs from `sh`'s ring into `wc[n..]`; returns the new count.
+#[inline(always)]
+fn pop_ring(sh: &CqShared, wc: &mut [WorkCompletion], mut n: usize) -> usize {
+    let f = sh.fabric();
+    while let Some(out) = wc.get_mut(n) {
+        let Some(retire) = sh.ring.pop(out, |off, src, n| super::place::place_inline(f, off, src, n)) else {
+            break;
+        };
+        if let Some(i) = retire {
+            f.retire_send(out.qp_num, i);
+        }
+        n += 1;
+    }
+    n
+}
+
+impl ShmCq {
+    /// The owner's drain of its message queue, straight into `wc[n..]`. The ring goes first,
+    /// under the drain lock: a helper may have pushed messages of the queue into it, which
+    /// come before the ones still queued. A message the general delivery completed (into
+    /// the ring) is followed by the ring again, so completions keep the queue's order.
+    #[inline]
+    fn drain_into(&mut self, q: &MsgQueue, wc: &mut [WorkCompletion], mut n: usize) -> usize {
+        let Some(mut dr) = q.try_drain() else { return n };
+        let sh = &*self.shared;
+        let f = sh.fabric();
+        n = pop_ring(sh, wc, n);
+        while n < wc.len() {
+            let Some(m) = dr.poll() else { break };
+            match drain::take(f, sh.cqn, &mut self.drain, &m, &mut wc[n]) {
+                Got::Wc => n += 1,
+                Got::Ring => n = pop_ring(sh, wc, n),
+            }
+        }
+        n
+    }
+}
+
 impl crate::provider::Cq for ShmCq {
     #[inline]
     fn poll(&mut self, wc: &mut [WorkCompletion]) -> Result<usize> {
-        let sh = &*self.shared;
         super::retry::progress_waiting();
-        let f = sh.fabric();
-        let mut n = 0;
-        while let Some(out) = wc.get_mut(n) {
-            let Some(retire) = sh.ring.pop(out, |off, src, n| super::place::place_inline(f, off, src, n)) else {
-                break;
-            };
-            if let Some(i) = retire {
-                f.retire_send(out.qp_num, i);
+        let mut n = pop_ring(&self.shared, wc, 0);
+        if let Some(q) = self.shared.mq {
+            if n < wc.len() && q.ready() {
+                n = self.drain_into(&q, wc, n);
             }
-            n += 1;
         }
-        if n == 0 && f.cq_slot(sh.idx).overrun.load(Ordering::Relaxed) != 0 {
-            return Err(Error::new(
-                Errno::EIO,
-                format!("CQ {} overran (more completions than entries) and is in error", sh.cqn),
-            ));
+        if n == 0 {
+            let sh = &*self.shared;
+            if sh.help[0].load(Ordering::Relaxed) != 0 {
+                self.empty_polls = self.empty_polls.wrapping_add(1);
+                if self.empty_polls % HELP_EVERY == 0 {
+                    sh.help_drain();
+                    n = pop_ring(sh, wc, 0);
+                }
+            }
+            if n == 0 && sh.fabric().cq_slot(sh.idx).overrun.load(Ordering::Relaxed) != 0 {
+                return Err(Error::new(
+                    Errno::EIO,
+                    format!("CQ {} overran (more completions than entries) and is in error", sh.cqn),
+                ));
+            }
         }
         Ok(n)
     }

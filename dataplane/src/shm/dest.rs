@@ -30,6 +30,9 @@ pub(crate) struct DestView {
     pub(crate) cqn: u32,
     /// Whether the receive CQ has a completion channel (`cq::has_channel`).
     pub(crate) cq_channel: bool,
+    /// The receive CQ's message queue, when small SENDs to this target go through it: an
+    /// RC target with its own RQ whose CQ has one (`shm::drain`).
+    pub(crate) mq: Option<super::msgq::MsgQueue>,
     /// Our cached view of the receive CQ's consumer position (`cq::push_cqe`).
     pub(crate) cq_head: std::cell::Cell<u64>,
     /// One-sided operations since the owner's liveness was last checked ([`Self::owner_died`]).
@@ -109,6 +112,8 @@ pub(crate) fn resolve_dest(f: &Fabric, qpn: u32) -> Option<DestView> {
         None => s.recv_cqn.load(Ordering::Relaxed),
     };
     let cq = super::cq::cq_ring(f, cqn)?;
+    let cq_channel = has_channel(f, cqn);
+    let mq = if qp_type == QpType::Rc && rq.is_some() && !cq_channel { super::drain::cq_msgq(f, cqn) } else { None };
     let v = DestView {
         qpn,
         idx,
@@ -120,7 +125,8 @@ pub(crate) fn resolve_dest(f: &Fabric, qpn: u32) -> Option<DestView> {
         srq,
         cq,
         cqn,
-        cq_channel: has_channel(f, cqn),
+        cq_channel,
+        mq,
         cq_head: std::cell::Cell::new(0),
         one_sided: std::cell::Cell::new(0),
         owner_dead: std::cell::Cell::new(false),
@@ -167,6 +173,7 @@ pub(crate) fn resolve_xrc(f: &Fabric, tgt: &DestView, srqn: u32) -> Option<DestV
     v.cq = cq;
     v.cqn = cqn;
     v.cq_channel = has_channel(f, cqn);
+    v.mq = None;
     v.cq_head = std::cell::Cell::new(0);
     Some(v)
 }

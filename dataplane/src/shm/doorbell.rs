@@ -7,13 +7,16 @@
 //! `poll`, a channel wait, or the next `post_send`), until its retry count runs out.
 
 use super::dest::*;
+use super::drain::{self, F_IMM, F_SIGNALED, F_SOLICITED, META_WORDS, MQ_PAYLOAD_MAX};
 use super::exec::*;
 use super::fabric::{pid_alive, Fabric};
 use super::layout::*;
 use super::mr::mr_lookup;
+use super::msgq::{MsgQueue, PAYLOAD_WORDS};
 use super::place::*;
 use super::recvq::{self, MAX_SGE};
-use super::sq::{BlockKind, Blocked, HeldDest, HeldRecv, SqState, MAX_HELD};
+use super::sq::{BlockKind, Blocked, HeldDest, HeldRecv, MqSend, SqState, MAX_HELD};
+use super::wire::RecvRing;
 use super::wire::INLINE_CQE_MAX;
 use crate::net::frame::FrameKey;
 use crate::net::tso::TsoPlan;
@@ -235,6 +238,19 @@ pub(crate) fn post_fast<const XRC: bool>(
     } else {
         d
     };
+    // A small RC SEND to a target whose receive CQ has a message queue goes through it: its
+    // receiver (or a helper) delivers it (`post_mq`).
+    if !XRC && is_send && len <= MQ_PAYLOAD_MAX && !st.send_cq.has_channel {
+        if let (Some(q), Some(rq)) = (d.mq, d.rq) {
+            let to = MqTo { q, rq, qpn: d.qpn, idx: d.idx, cqn: d.cqn };
+            return post_mq(f, st, wr, src, len, &to);
+        }
+    }
+    // Anything else this QP posts waits until the SENDs it queued are drained, or it would
+    // overtake them (its completion, or its bytes, first): the general path parks it.
+    if !st.mq.settle() {
+        return false;
+    }
     let status = if is_send {
         // An SRQ is consumed with the MPMC pop (`SrqView::take`, which also raises the limit
         // event); a tag-matching SRQ goes the general way (it may match the message).
@@ -350,6 +366,100 @@ pub(crate) fn post_fast<const XRC: bool>(
     true
 }
 
+/// Where a queued SEND goes (`post_mq`): the target's receive CQ's queue, RQ and identity.
+pub(crate) struct MqTo {
+    q: MsgQueue,
+    rq: RecvRing,
+    qpn: u32,
+    idx: usize,
+    cqn: u32,
+}
+
+/// Receiver-side delivery of a small RC SEND (`shm::drain`): reserves one of the target's
+/// posted receive requests, claims a cell of its receive CQ's queue and writes the message
+/// there (one cache line); the drainer takes the request, places the bytes and writes both
+/// completions. Called by `post_fast` after every check of the general path; returns false,
+/// having changed nothing, when no receive request is left to reserve (the general path
+/// then decides RNR, after the queued SENDs are drained).
+///
+/// The reservation is a count: the target is an RC QP connected to us, so we are the only
+/// sender consuming its RQ, and our count of reserved requests (from the RQ's `head` when
+/// nothing of ours is in flight) against a cached copy of its `tail` (re-read only when the
+/// copy says none is left) tells whether a request is there, without a locked instruction.
+#[inline(always)]
+fn post_mq(f: &Fabric, st: &mut SqState, wr: &SendWr, src: *mut u8, len: usize, to: &MqTo) -> bool {
+    if st.mq.dest != to.qpn || st.mq.cqn != to.cqn {
+        mq_switch(st, to);
+    }
+    let m = &mut st.mq;
+    if m.last == 0 {
+        // Nothing of ours is in flight: the RQ's consumed position is where we start.
+        m.rq_next = to.rq.head_pos();
+    }
+    if m.rq_tail.wrapping_sub(m.rq_next) as i64 <= 0 {
+        m.rq_tail = to.rq.tail_pos();
+        if m.rq_tail.wrapping_sub(m.rq_next) as i64 <= 0 {
+            return false;
+        }
+    }
+    // SENDs held by this post list's earlier WRs (`HeldRecv`) must be published first: the
+    // drainer may deliver this one at once.
+    publish_held(f, &mut st.held);
+    let wqe = st.posted;
+    let mut flags = 0;
+    if st.sig_all || wr.flags.contains(SendFlags::SIGNALED) {
+        flags |= F_SIGNALED;
+    }
+    if wr.opcode == WrOpcode::SendWithImm {
+        flags |= F_IMM;
+    }
+    if wr.flags.contains(SendFlags::SOLICITED) {
+        flags |= F_SOLICITED;
+    }
+    let mut bytes = [0u8; MQ_PAYLOAD_MAX];
+    // `src` was translated for `len` bytes (our MR, or the fabric for INLINE), `post_fast`.
+    read_translated(src, &mut bytes[..len]);
+    let mut words = [0u64; PAYLOAD_WORDS];
+    words[0] = drain::meta(st.qpn, wqe);
+    words[1] = wr.wr_id;
+    for (w, b) in words[META_WORDS..].iter_mut().zip(bytes.chunks_exact(8)) {
+        *w = u64::from_ne_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]);
+    }
+    let n = META_WORDS + len.div_ceil(8);
+    let tag = drain::tag(to.idx, flags);
+    let imm = if flags & F_IMM != 0 { wr.imm_data } else { 0 };
+    let pos = to.q.claim(1);
+    // The claimed cell is ours and must be written. It is busy only while the previous lap's
+    // message is undrained (more messages queued than the CQ has entries): drain it ourselves
+    // if nobody is (`drain::help`), then write.
+    while to.q.write(pos, (META_WORDS * 8 + len) as u32, tag, imm, &words[..n]).is_err() {
+        mq_wait(f, to);
+    }
+    let m = &mut st.mq;
+    m.rq_next = m.rq_next.wrapping_add(1);
+    m.last = pos + 1;
+    st.posted = st.posted.wrapping_add(1);
+    true
+}
+
+/// A new destination for queued SENDs: fresh counts, and our send CQ remembers its queue
+/// for helping (`CqShared::add_help`).
+#[cold]
+#[inline(never)]
+fn mq_switch(st: &mut SqState, to: &MqTo) {
+    st.mq = MqSend { dest: to.qpn, cqn: to.cqn, q: Some(to.q), ..Default::default() };
+    st.send_cq.add_help(to.cqn);
+}
+
+/// The queue was full at our claimed cell: help drain it, or let its drainer run.
+#[cold]
+#[inline(never)]
+fn mq_wait(f: &Fabric, to: &MqTo) {
+    if !drain::help(f, &to.q, to.cqn) {
+        std::thread::yield_now();
+    }
+}
+
 /// The fast path for XRC_SEND QPs: [`post_fast`] with the target SRQ named by the request,
 /// out of line so that RC and UC posts do not carry it.
 #[inline(never)]
@@ -439,6 +549,12 @@ pub(crate) fn post_one<const N: usize>(
         st.enqueue(wr, wqe, sges, is_inline.then_some(&segs[..n]));
         return Ok(());
     }
+    if !st.mq.settle() {
+        // SENDs this QP queued are not all drained: this WQE waits for them (`run_pending`).
+        st.enqueue(wr, wqe, sges, is_inline.then_some(&segs[..n]));
+        st.blocked = Some(Blocked { kind: BlockKind::Drain, left: 0, next_at: Instant::now() });
+        return Ok(());
+    }
     match exec_wr(f, st, wr, &segs[..n], total) {
         Outcome::Done(status, len) => {
             finish(f, st, wr, wqe, status, len);
@@ -485,6 +601,7 @@ pub(crate) fn block_delay(f: &Fabric, st: &SqState, kind: BlockKind) -> Duration
         // An infinite ACK timeout would hang forever on hardware; here the WQE is retried
         // every millisecond without using up retries.
         BlockKind::Unreachable => Duration::from_nanos(st.timeout_ns.unwrap_or(1_000_000)),
+        BlockKind::Drain => Duration::ZERO,
     }
 }
 
@@ -508,6 +625,7 @@ pub(crate) fn handle_block(f: &Fabric, st: &mut SqState, kind: BlockKind) -> boo
         _ => match kind {
             BlockKind::Rnr => st.rnr_retry,
             BlockKind::Unreachable => st.retry_cnt,
+            BlockKind::Drain => 0,
         },
     };
     let peer_dead = st.dest.as_ref().is_some_and(|d| !pid_alive(d.pid));
@@ -535,6 +653,18 @@ pub(crate) fn handle_block(f: &Fabric, st: &mut SqState, kind: BlockKind) -> boo
 pub(crate) fn run_pending(f: &Fabric, st: &mut SqState) {
     let mut segs = [Seg::default(); MAX_SGE];
     while let Some(p) = st.pending.front().copied() {
+        if st.blocked.is_some_and(|b| b.kind == BlockKind::Drain) {
+            if !st.mq.settle() {
+                // Deliver them ourselves if their receiver is not draining right now.
+                if let Some(q) = st.mq.q {
+                    drain::help(f, &q, st.mq.cqn);
+                }
+                if !st.mq.settle() {
+                    return;
+                }
+            }
+            st.blocked = None;
+        }
         let mut early = false;
         if let Some(b) = st.blocked {
             if Instant::now() < b.next_at {

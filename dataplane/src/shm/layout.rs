@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64};
 /// "dpfabric" in ASCII.
 pub(crate) const MAGIC: u64 = 0x6470_6661_6272_6963;
 /// Layout version; a fabric of another version is refused.
-pub(crate) const VERSION: u32 = 6;
+pub(crate) const VERSION: u32 = 7;
 
 /// Contexts (attached "ports") per fabric.
 pub(crate) const MAX_CTX: usize = 64;
@@ -100,7 +100,10 @@ pub(crate) struct QpSlot {
     pub gen: AtomicU32,
     /// XRC domain of an XRC_RECV QP (0 for every other type).
     pub xrcd: AtomicU32,
-    pub _pad: [u8; 52],
+    /// The send CQ: where a drainer of this QP's queued messages writes their completions
+    /// (`shm::drain`).
+    pub send_cqn: AtomicU32,
+    pub _pad: [u8; 48],
     pub sq_retired: AtomicU32,
 }
 
@@ -117,9 +120,12 @@ pub(crate) struct CqSlot {
     pub gen: AtomicU32,
     /// `req_notify_cq` arming: 0 none, 1 next completion, 2 next solicited (or error) one.
     pub armed: AtomicU32,
-    pub _pad: u32,
+    /// Cells of the CQ's message queue (`shm::msgq`; 0: none).
+    pub mq_cells: AtomicU32,
     /// Offset of the completion channel (0: none).
     pub chan_off: AtomicU64,
+    /// Offset of the CQ's message queue (0: none).
+    pub mq_off: AtomicU64,
 }
 
 /// An SRQ.

@@ -17,6 +17,7 @@ mod channel;
 mod cq;
 mod dest;
 mod doorbell;
+mod drain;
 mod exec;
 mod fabric;
 mod layout;

@@ -52,7 +52,7 @@ pub const PAYLOAD_MAX: usize = PAYLOAD_WORDS * 8;
 struct Cell {
     /// `pos` while free for position `pos`, `pos + 1` once its message is written.
     seq: AtomicU64,
-    /// Length in the low 32 bits, immediate in the high 32.
+    /// Length in the low 16 bits, the sender's tag in the next 16, immediate in the high 32.
     hdr: AtomicU64,
     data: [AtomicU64; PAYLOAD_WORDS],
 }
@@ -103,6 +103,8 @@ pub struct Delivered {
     pub pos: u64,
     /// Payload length in bytes, at most [`PAYLOAD_MAX`].
     pub len: u32,
+    /// The tag the sender wrote (the transport names the receiving QP with it).
+    pub tag: u16,
     /// The immediate the sender wrote.
     pub imm: u32,
     /// The payload words (only the first `len.div_ceil(8)` are the message's).
@@ -210,11 +212,11 @@ impl MsgQueue {
 
     /// Writes a message of `len` bytes (the first `len.div_ceil(8)` of `words`, little-endian;
     /// a length above [`PAYLOAD_MAX`], or above what `words` holds, is cut to it, so no byte
-    /// of an earlier message is ever read as this one's) with immediate `imm` at claimed
-    /// position `pos`, and publishes it. Refuses, writing nothing, while the cell still
-    /// holds the previous lap's message.
+    /// of an earlier message is ever read as this one's) with `tag` and immediate `imm` at
+    /// claimed position `pos`, and publishes it. Refuses, writing nothing, while the cell
+    /// still holds the previous lap's message.
     #[inline]
-    pub fn write(&self, pos: u64, len: u32, imm: u32, words: &[u64]) -> Result<(), Busy> {
+    pub fn write(&self, pos: u64, len: u32, tag: u16, imm: u32, words: &[u64]) -> Result<(), Busy> {
         let c = self.cell(pos);
         // Acquire: the receiver's reads of the previous lap's message happen before our
         // stores below overwrite it.
@@ -222,7 +224,7 @@ impl MsgQueue {
             return Err(Busy::NotFree);
         }
         let len = len.min(PAYLOAD_MAX.min(words.len() * 8) as u32);
-        c.hdr.store(u64::from(len) | (u64::from(imm) << 32), Ordering::Relaxed);
+        c.hdr.store(u64::from(len) | (u64::from(tag) << 16) | (u64::from(imm) << 32), Ordering::Relaxed);
         let n = (len as usize).div_ceil(8);
         for (d, &w) in c.data[..n].iter().zip(words) {
             d.store(w, Ordering::Relaxed);
@@ -294,7 +296,7 @@ impl Drain {
             return None;
         }
         let hdr = c.hdr.load(Ordering::Relaxed);
-        let len = (hdr as u32).min(PAYLOAD_MAX as u32);
+        let len = (hdr as u32 & 0xFFFF).min(PAYLOAD_MAX as u32);
         let mut words = [0u64; PAYLOAD_WORDS];
         for (w, d) in words.iter_mut().zip(&c.data[..(len as usize).div_ceil(8)]) {
             *w = d.load(Ordering::Relaxed);
@@ -302,7 +304,7 @@ impl Drain {
         // Release: our loads above happen before the next lap's sender sees the cell free.
         c.seq.store(pos + self.q.capacity(), Ordering::Release);
         self.head = pos + 1;
-        Some(Delivered { pos, len, imm: (hdr >> 32) as u32, words })
+        Some(Delivered { pos, len, tag: (hdr >> 16) as u16, imm: (hdr >> 32) as u32, words })
     }
 
     /// Publishes `head` to senders now, keeping the lock: for a drainer that holds the lock
@@ -384,12 +386,12 @@ mod tests {
         }
         let p = m.q.claim(3);
         assert_eq!(p, 0);
-        m.q.write(0, msg.len() as u32, 7, &words).unwrap();
-        m.q.write(1, 8, 8, &[11]).unwrap();
-        assert_eq!(m.q.write(2, 8, 9, &[12]), Err(Busy::NotFree), "position 2 needs cell 0's first lap consumed");
+        m.q.write(0, msg.len() as u32, 0xABCD, 7, &words).unwrap();
+        m.q.write(1, 8, 0, 8, &[11]).unwrap();
+        assert_eq!(m.q.write(2, 8, 0, 9, &[12]), Err(Busy::NotFree), "position 2 needs cell 0's first lap consumed");
         let mut rx = m.q.try_drain().unwrap();
         let d = rx.poll().unwrap();
-        assert_eq!((d.pos, d.len, d.imm), (0, msg.len() as u32, 7));
+        assert_eq!((d.pos, d.len, d.tag, d.imm), (0, msg.len() as u32, 0xABCD, 7), "the tag travels beside the length");
         let mut buf = [0u8; 64];
         assert_eq!(d.copy_to(&mut buf), msg.len());
         assert_eq!(&buf[..msg.len()], msg);
@@ -397,7 +399,7 @@ mod tests {
         assert!(m.q.try_drain().is_none(), "one drainer at a time");
         drop(rx);
         assert_eq!(m.q.acked(), 1);
-        m.q.write(2, 8, 9, &[12]).unwrap();
+        m.q.write(2, 8, 0, 9, &[12]).unwrap();
         let mut rx = m.q.try_drain().unwrap();
         assert_eq!(rx.poll().map(|d| (d.pos, d.words[0], d.imm)), Some((1, 11, 8)));
         assert_eq!(rx.poll().map(|d| (d.pos, d.words[0], d.imm)), Some((2, 12, 9)));
@@ -411,9 +413,9 @@ mod tests {
         let m = Mem::arc(2);
         assert!(!m.q.ready());
         let p = m.q.claim(2);
-        m.q.write(p + 1, 8, 0, &[2]).unwrap();
+        m.q.write(p + 1, 8, 0, 0, &[2]).unwrap();
         assert!(!m.q.ready(), "the head position is claimed, not written");
-        m.q.write(p, 8, 0, &[1]).unwrap();
+        m.q.write(p, 8, 0, 0, &[1]).unwrap();
         assert!(m.q.ready());
         let mut rx = m.q.try_drain().unwrap();
         rx.poll().unwrap();
@@ -426,13 +428,13 @@ mod tests {
     fn a_claimed_but_unwritten_position_holds_back_the_ones_after_it() {
         let m = Mem::arc(4);
         let p = m.q.claim(2);
-        m.q.write(p + 1, 8, 0, &[2]).unwrap();
+        m.q.write(p + 1, 8, 0, 0, &[2]).unwrap();
         assert_eq!(
             m.q.try_drain().unwrap().poll(),
             None,
             "position 0 is claimed, not written: delivery stays in order"
         );
-        m.q.write(p, 8, 0, &[1]).unwrap();
+        m.q.write(p, 8, 0, 0, &[1]).unwrap();
         let mut rx = m.q.try_drain().unwrap();
         assert_eq!(rx.poll().map(|d| d.words[0]), Some(1));
         assert_eq!(rx.poll().map(|d| d.words[0]), Some(2));
@@ -450,7 +452,7 @@ mod tests {
     fn hostile_lengths_are_cut_to_a_cell() {
         let m = Mem::arc(2);
         m.q.claim(1);
-        m.q.write(0, u32::MAX, 0, &[1; PAYLOAD_WORDS]).unwrap();
+        m.q.write(0, u32::MAX, 0, 0, &[1; PAYLOAD_WORDS]).unwrap();
         let d = m.q.try_drain().unwrap().poll().unwrap();
         assert_eq!(d.len as usize, PAYLOAD_MAX);
         let mut small = [0u8; 5];
@@ -458,7 +460,7 @@ mod tests {
         // A length beyond the words given is cut to them: the cell's older words (the
         // previous lap's message) are never read as this one's.
         m.q.claim(1);
-        m.q.write(1, 40, 0, &[7, 8]).unwrap();
+        m.q.write(1, 40, 0, 0, &[7, 8]).unwrap();
         let d = m.q.try_drain().unwrap().poll().unwrap();
         assert_eq!((d.len, d.words[0], d.words[1]), (16, 7, 8));
     }
@@ -469,7 +471,7 @@ mod tests {
         let mut rx = m.q.try_drain().unwrap();
         for v in 0..2u64 {
             let p = m.q.claim(1);
-            m.q.write(p, 8, 0, &[v]).unwrap();
+            m.q.write(p, 8, 0, 0, &[v]).unwrap();
             assert_eq!(rx.poll().map(|d| d.words[0]), Some(v));
             rx.publish();
             assert_eq!(m.q.acked(), v + 1, "acknowledged while the lock is held");
@@ -485,7 +487,7 @@ mod tests {
         let m = Mem::arc(4);
         for v in 0..3u64 {
             let p = m.q.claim(1);
-            m.q.write(p, 8, 0, &[v]).unwrap();
+            m.q.write(p, 8, 0, 0, &[v]).unwrap();
         }
         let mut rx = m.q.try_drain().unwrap();
         rx.poll().unwrap();
@@ -517,7 +519,7 @@ mod tests {
                         for j in 0..k {
                             let v = i + j;
                             let words = [s, v, !v, v.rotate_left(17), 0, 0];
-                            while m.q.write(p + j, 32, s as u32, &words).is_err() {
+                            while m.q.write(p + j, 32, 0, s as u32, &words).is_err() {
                                 std::thread::yield_now();
                             }
                         }
@@ -577,7 +579,7 @@ mod loom_tests {
 
     /// One attempt to write `v` at `pos`; the value back if the cell was not free.
     fn try_send(q: &MsgQueue, pos: u64, v: u64) -> Option<(u64, u64)> {
-        q.write(pos, 16, v as u32, &[v, !v]).err().map(|_| (pos, v))
+        q.write(pos, 16, 0, v as u32, &[v, !v]).err().map(|_| (pos, v))
     }
 
     /// Checks one delivered message and records its value.

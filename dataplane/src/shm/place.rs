@@ -171,6 +171,26 @@ pub(crate) fn copy_translated(src: *mut u8, dst: *mut u8, len: usize) {
     unsafe { copy_one(src, dst, len) }
 }
 
+/// Reads `out.len()` bytes from `src`, a range translated through the MR table (or checked
+/// against the fabric) for at least that many bytes: a queued message's payload
+/// (`doorbell::post_mq`).
+#[inline(always)]
+pub(crate) fn read_translated(src: *const u8, out: &mut [u8]) {
+    // SAFETY: `src` is readable for `out.len()` bytes (the contract above: a pointer
+    // `MrView::translate` or `Fabric::ptr` returned for that length); `out` is our own
+    // buffer, so the two cannot overlap.
+    unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), out.len()) }
+}
+
+/// Writes `bytes` to `dst`, a receive buffer translated through the MR table for at least
+/// `bytes.len()` bytes (`recv_dst`): a queued message's payload placed by its drainer.
+#[inline(always)]
+pub(crate) fn write_translated(dst: *mut u8, bytes: &[u8]) {
+    // SAFETY: `dst` is writable for `bytes.len()` bytes (the contract above); `bytes` is the
+    // drainer's own copy of the cell, so the two cannot overlap.
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst, bytes.len()) }
+}
+
 /// Copies the first `out.len()` bytes of the gather list into `out`.
 pub(crate) fn gather_prefix(src: &[Seg], out: &mut [u8]) {
     let mut at = 0;

@@ -222,6 +222,7 @@ impl ShmQp {
         s.pd.store(pd.pdn, Ordering::Relaxed);
         // (An XRC_RECV QP's is its domain's idle CQ: its messages complete on their SRQ's.)
         s.recv_cqn.store(recv_cq.cqn, Ordering::Relaxed);
+        s.send_cqn.store(send_cq.cqn, Ordering::Relaxed);
         s.srqn.store(srq.as_ref().map_or(0, |s| s.srqn), Ordering::Relaxed);
         let (rq_off, rq_cap) = rq.as_ref().map_or((0, 0), |(r, off, _)| (*off, r.capacity() as u32));
         s.rq_off.store(rq_off, Ordering::Relaxed);
@@ -271,6 +272,7 @@ impl ShmQp {
             mcast: None,
             rx: RecvEntry::default(),
             held: super::sq::Held::new(),
+            mq: Default::default(),
         };
         let sq = Arc::new_cyclic(|me: &Weak<SqCell>| {
             let mut st = st;

@@ -191,6 +191,21 @@ impl Ring {
         self.stride - SEQ_LEN
     }
 
+    /// Positions consumed so far (`head`, Acquire): a receive queue's sender that reserves
+    /// requests ahead of their consumption (`shm::drain`) starts counting from it.
+    #[inline]
+    pub(crate) fn head_pos(&self) -> u64 {
+        self.hdr().head.load(Ordering::Acquire)
+    }
+
+    /// Positions claimed by the producer so far (`tail`, Acquire). On a receive queue a
+    /// position below it is posted or being posted: its cell is published a few
+    /// instructions after `tail` moves ([`Ring::push_single`]).
+    #[inline]
+    pub(crate) fn tail_pos(&self) -> u64 {
+        self.hdr().tail.load(Ordering::Acquire)
+    }
+
     /// Entries currently queued (approximate under concurrency; exact when quiescent).
     pub(crate) fn len(&self) -> u64 {
         let tail = self.hdr().tail.load(Ordering::Acquire);

@@ -25,6 +25,44 @@ pub(crate) enum BlockKind {
     Rnr,
     /// The responder did not answer (absent, not in RTR/RTS, or connected elsewhere).
     Unreachable,
+    /// SENDs this QP queued for receiver-side delivery (`shm::drain`) are not all drained:
+    /// a WQE that goes another way waits for them, so it cannot overtake them. Uses no
+    /// retries; progress helps drain.
+    Drain,
+}
+
+/// The sender's side of receiver-side delivery for one destination (`doorbell::post_mq`).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct MqSend {
+    /// The destination QP these counts are for (0: none yet).
+    pub(crate) dest: u32,
+    /// Its receive CQ, whose queue `q` is.
+    pub(crate) cqn: u32,
+    pub(crate) q: Option<super::msgq::MsgQueue>,
+    /// One past the queue position of our last queued SEND; 0 when all are known drained.
+    pub(crate) last: u64,
+    /// The next request of the destination's RQ we reserve (its RQ position).
+    pub(crate) rq_next: u64,
+    /// Our cached copy of the RQ's `tail`: requests below it are posted (or being posted).
+    pub(crate) rq_tail: u64,
+}
+
+impl MqSend {
+    /// Whether SENDs we queued may still be undrained (reads the queue's `head` unless we
+    /// know they are drained); forgets them once they are.
+    #[inline]
+    pub(crate) fn settle(&mut self) -> bool {
+        if self.last == 0 {
+            return true;
+        }
+        match self.q {
+            Some(q) if q.acked() < self.last => false,
+            _ => {
+                self.last = 0;
+                true
+            }
+        }
+    }
 }
 
 /// State of the WQE at the head of the pending queue.
@@ -166,6 +204,8 @@ pub(crate) struct SqState {
     /// SENDs of the current `post_send` whose remote stores wait ([`Held`]); empty between
     /// calls.
     pub(crate) held: Held,
+    /// Receiver-side delivery to the connected destination.
+    pub(crate) mq: MqSend,
 }
 
 impl SqState {

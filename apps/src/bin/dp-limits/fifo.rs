@@ -97,7 +97,7 @@ impl<'a> Sender<'a> {
         let pos = self.q.claim(count);
         for k in 0..count {
             words[0] = first + k;
-            while self.q.write(pos + k, payload.len() as u32, imm, &words).is_err() {
+            while self.q.write(pos + k, payload.len() as u32, 0, imm, &words).is_err() {
                 std::hint::spin_loop();
             }
         }

@@ -1,0 +1,536 @@
+//! Receiver-side delivery (docs/shm-provider.md, "Receiver-side delivery"): a small RC SEND
+//! travels as one cell of its receive CQ's message queue (`shm::msgq`), and whoever drains
+//! that queue (the CQ's own poll, or a sender helping a receiver that does not poll) takes
+//! the receive request, places the bytes and writes both completions. This module is the
+//! drainer's side: the cell's record (`encode`), the queue of a CQ (`cq_msgq`), one message's
+//! delivery (`take`) and the helpers' drain (`help`). The sender's side is
+//! `doorbell::post_mq`.
+//!
+//! Opt-in for now: a CQ gets a queue only when `DATAPLANE_SHM_MSGQ=1` is set in the process
+//! that creates it, and only a CQ without a completion channel (the channel's wake-ups
+//! would have to drain too; not built).
+
+use super::cq::{cq_ring, has_channel, push_cqe_to, Cqe};
+use super::dest::{dest, DestView};
+use super::exec::{deliver_taken, responder_failed, Sender};
+use super::fabric::Fabric;
+use super::layout::*;
+use super::msgq::{Delivered, MsgQueue, ALIGN, PAYLOAD_WORDS};
+use super::place::{recv_dst, write_translated, Seg};
+use super::qp_error::to_error;
+use super::recvq::{self, RecvEntry};
+use super::wire::CqRing;
+use crate::verbs::*;
+use std::sync::atomic::Ordering;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// Words of a cell before the payload: the sender's QP number and WQE index, then `wr_id`.
+pub(crate) const META_WORDS: usize = 2;
+
+/// Payload bytes a queued SEND carries (the rest of the cell).
+pub(crate) const MQ_PAYLOAD_MAX: usize = (PAYLOAD_WORDS - META_WORDS) * 8;
+
+/// Bits of a cell's tag that name the receiving QP's slot (the rest are [`F_SIGNALED`]...).
+const TAG_IDX_BITS: u32 = QP_IDX_BITS;
+/// The sender wants a completion (IBV_SEND_SIGNALED or `sq_sig_all`).
+pub(crate) const F_SIGNALED: u16 = 1;
+/// SEND_WITH_IMM: the cell's immediate is the message's.
+pub(crate) const F_IMM: u16 = 2;
+/// IBV_SEND_SOLICITED.
+pub(crate) const F_SOLICITED: u16 = 4;
+
+const _: () = assert!(MAX_QP <= 1 << TAG_IDX_BITS && TAG_IDX_BITS + 3 <= 16);
+
+/// The tag of a cell: the receiving QP's slot and the flags.
+#[inline(always)]
+pub(crate) fn tag(dst_idx: usize, flags: u16) -> u16 {
+    dst_idx as u16 | flags << TAG_IDX_BITS
+}
+
+/// The first metadata word: the sender's QP number and the WQE's index.
+#[inline(always)]
+pub(crate) fn meta(src_qpn: u32, wqe: u32) -> u64 {
+    u64::from(src_qpn) | u64::from(wqe) << 32
+}
+
+/// Whether new CQs of this process get a message queue (`DATAPLANE_SHM_MSGQ=1`, read once;
+/// unit tests turn it on per thread).
+pub(crate) fn enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    #[cfg(test)]
+    if tests::FORCE.with(|f| f.get()) {
+        return true;
+    }
+    *ON.get_or_init(|| std::env::var("DATAPLANE_SHM_MSGQ").is_ok_and(|v| v == "1"))
+}
+
+/// Largest queue a CQ slot may name: a corrupt `mq_cells` must not make a huge view.
+const MAX_CELLS: u32 = 1 << 20;
+
+/// The message queue of CQ `cqn`, if it has one.
+pub(crate) fn cq_msgq(f: &Fabric, cqn: u32) -> Option<MsgQueue> {
+    let idx = key_index(cqn, CQ_IDX_BITS);
+    if idx >= MAX_CQ {
+        return None;
+    }
+    let s = f.cq_slot(idx);
+    if s.cqn.load(Ordering::Acquire) != cqn {
+        return None;
+    }
+    let (off, cells) = (s.mq_off.load(Ordering::Relaxed), s.mq_cells.load(Ordering::Relaxed));
+    if off == 0 || !cells.is_power_of_two() || !(2..=MAX_CELLS).contains(&cells) {
+        return None;
+    }
+    let p = f.ptr(off, MsgQueue::bytes(cells as usize) as u64)?;
+    if p as usize % ALIGN != 0 {
+        return None;
+    }
+    // SAFETY: `Fabric::ptr` checked that the range lies inside the mapped arena, which stays
+    // mapped while the fabric (held by every caller's context) lives; it is aligned (checked)
+    // and the CQ's creator initialised a queue of `cells` cells there before publishing the
+    // CQ number (a peer that scribbled the slot can only make us read arena bytes as cells,
+    // which the queue's masked indexing keeps inside the range).
+    let q = unsafe { MsgQueue::attach(p, cells as usize) };
+    (s.cqn.load(Ordering::Acquire) == cqn).then_some(q)
+}
+
+/// The sender of a queued message as its drainer needs it: identity and send CQ.
+struct TxView {
+    qpn: u32,
+    idx: usize,
+    lid: u16,
+    cq: Option<CqRing>,
+    cqn: u32,
+    channel: bool,
+    head: u64,
+}
+
+/// What a drainer keeps between messages: the last receiving QP and sender it resolved, and
+/// the receive request being taken. Each use re-checks the slot's key (one load).
+#[derive(Default)]
+pub(crate) struct DrainCache {
+    rx: Option<DestView>,
+    tx: Option<TxView>,
+    entry: RecvEntry,
+}
+
+/// Where a message's receive completion went.
+pub(crate) enum Got {
+    /// Into the caller's `out`.
+    Wc,
+    /// Into the CQ's ring (the general delivery wrote it), or nowhere (the message was
+    /// dropped: its receiving QP is gone or not receiving).
+    Ring,
+}
+
+impl DrainCache {
+    fn tx(&mut self, f: &Fabric, qpn: u32) -> Option<&mut TxView> {
+        let idx = key_index(qpn, QP_IDX_BITS);
+        let hit = self.tx.as_ref().is_some_and(|t| t.qpn == qpn && f.qp_slot(t.idx).qpn.load(Ordering::Acquire) == qpn);
+        if !hit {
+            self.tx = resolve_tx(f, qpn, idx);
+        }
+        self.tx.as_mut()
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn resolve_tx(f: &Fabric, qpn: u32, idx: usize) -> Option<TxView> {
+    if idx >= MAX_QP {
+        return None;
+    }
+    let s = f.qp_slot(idx);
+    if s.qpn.load(Ordering::Acquire) != qpn {
+        return None;
+    }
+    let cqn = s.send_cqn.load(Ordering::Relaxed);
+    Some(TxView {
+        qpn,
+        idx,
+        lid: s.lid.load(Ordering::Relaxed) as u16,
+        cq: cq_ring(f, cqn),
+        cqn,
+        channel: has_channel(f, cqn),
+        head: 0,
+    })
+}
+
+/// The sender's completion of a queued message: `status`, retiring WQE `wqe`.
+#[inline]
+fn complete_send(f: &Fabric, t: &mut TxView, wr_id: u64, wqe: u32, status: WcStatus) {
+    let Some(cq) = &t.cq else { return };
+    let cqe = Cqe {
+        wc: WorkCompletion { wr_id, status, opcode: WcOpcode::Send, qp_num: t.qpn, ..Default::default() },
+        retire: Some(wqe),
+        solicited: false,
+    };
+    push_cqe_to(f, cq, &mut t.head, t.cqn, t.channel, &cqe);
+}
+
+/// Delivers queued message `m` of CQ `cqn`'s queue: takes the receiving QP's request,
+/// places the bytes, writes the receive completion into `out` (or, when anything is not
+/// the common case, lets the general delivery write it into the ring) and the sender's
+/// completion into its send CQ.
+#[inline]
+pub(crate) fn take(f: &Fabric, cqn: u32, c: &mut DrainCache, m: &Delivered, out: &mut WorkCompletion) -> Got {
+    let src_qpn = m.words[0] as u32;
+    let idx = (m.tag & ((1 << TAG_IDX_BITS) - 1)) as usize;
+    let flags = m.tag >> TAG_IDX_BITS;
+    let len = (m.len as usize).saturating_sub(META_WORDS * 8).min(MQ_PAYLOAD_MAX);
+    let qpn = f.qp_slot(idx.min(MAX_QP - 1)).qpn.load(Ordering::Acquire);
+    let Some(d) = dest(f, &mut c.rx, qpn) else { return take_cold(f, cqn, c, m) };
+    let s = f.qp_slot(d.idx);
+    let receives = QpState::from_u8(s.state.load(Ordering::Acquire) as u8).is_some_and(QpState::receives);
+    let Some(rq) = d.rq.filter(|_| receives && d.cqn == cqn && s.dest_qpn.load(Ordering::Relaxed) == src_qpn) else {
+        return take_cold(f, cqn, c, m);
+    };
+    let Some(pos) = recvq::pop_held(&rq, &mut c.entry) else { return take_cold(f, cqn, c, m) };
+    let dst = if c.entry.n == 1 { recv_dst(f, d.pd, &c.entry.sges[0], len) } else { None };
+    let Some(dst) = dst else {
+        rq.release(pos);
+        return general(f, c, m, len);
+    };
+    let payload = payload_bytes(&m.words);
+    write_translated(dst, &payload[..len]);
+    rq.release(pos);
+    let imm = flags & F_IMM != 0;
+    let (rx_qpn, wr_id) = (d.qpn, c.entry.wr_id);
+    let Some(t) = c.tx(f, src_qpn) else {
+        // The sender is gone: its message still arrives, as one already on the wire would.
+        *out = recv_wc(wr_id, len, imm, m.imm, rx_qpn, src_qpn, 0);
+        return Got::Wc;
+    };
+    *out = recv_wc(wr_id, len, imm, m.imm, rx_qpn, src_qpn, t.lid);
+    if flags & F_SIGNALED != 0 {
+        complete_send(f, t, m.words[1], (m.words[0] >> 32) as u32, WcStatus::Success);
+    }
+    Got::Wc
+}
+
+#[inline(always)]
+fn recv_wc(wr_id: u64, len: usize, imm: bool, imm_data: u32, qpn: u32, src_qp: u32, slid: u16) -> WorkCompletion {
+    WorkCompletion {
+        wr_id,
+        opcode: WcOpcode::Recv,
+        byte_len: len as u32,
+        imm_data: if imm { imm_data } else { 0 },
+        wc_flags: if imm { WcFlags::WITH_IMM } else { WcFlags::empty() },
+        qp_num: qpn,
+        src_qp,
+        slid,
+        ..Default::default()
+    }
+}
+
+/// The payload words of a cell as bytes (native order: the sender filled them the same way).
+#[inline(always)]
+fn payload_bytes(words: &[u64; PAYLOAD_WORDS]) -> [u8; MQ_PAYLOAD_MAX] {
+    let mut b = [0u8; MQ_PAYLOAD_MAX];
+    for (o, w) in b.chunks_exact_mut(8).zip(&words[META_WORDS..]) {
+        o.copy_from_slice(&w.to_ne_bytes());
+    }
+    b
+}
+
+/// How long a drainer waits for a reserved receive request whose cell its poster has claimed
+/// but not yet published (a few instructions, unless the poster was descheduled).
+const REQUEST_PATIENCE: Duration = Duration::from_millis(100);
+
+/// Everything but the common case: the receiving QP gone, not receiving or not connected
+/// to the sender; its request not yet published, or not one SGE that holds the message.
+#[cold]
+#[inline(never)]
+fn take_cold(f: &Fabric, cqn: u32, c: &mut DrainCache, m: &Delivered) -> Got {
+    let src_qpn = m.words[0] as u32;
+    let idx = (m.tag & ((1 << TAG_IDX_BITS) - 1)) as usize;
+    let len = (m.len as usize).saturating_sub(META_WORDS * 8).min(MQ_PAYLOAD_MAX);
+    let qpn = f.qp_slot(idx.min(MAX_QP - 1)).qpn.load(Ordering::Acquire);
+    let d = dest(f, &mut c.rx, qpn).filter(|d| d.cqn == cqn && d.rq.is_some()).cloned();
+    let s = d.as_ref().map(|d| f.qp_slot(d.idx));
+    let ready = s.is_some_and(|s| {
+        QpState::from_u8(s.state.load(Ordering::Acquire) as u8).is_some_and(QpState::receives)
+            && s.dest_qpn.load(Ordering::Relaxed) == src_qpn
+    });
+    let (Some(d), true) = (d, ready) else {
+        // Nobody answers: as a requester whose responder is gone or in error, the sender's
+        // QP ends in RETRY_EXC_ERR and ERROR, unless it is in ERROR already (its later
+        // WQEs flush).
+        fail_sender(f, c, m, None);
+        return Got::Ring;
+    };
+    let Some(rq) = d.rq else { return Got::Ring };
+    let deadline = Instant::now() + REQUEST_PATIENCE;
+    let pos = loop {
+        if let Some(p) = recvq::pop_held(&rq, &mut c.entry) {
+            break Some(p);
+        }
+        if Instant::now() >= deadline {
+            break None;
+        }
+        std::hint::spin_loop();
+    };
+    match pos {
+        Some(p) => {
+            rq.release(p);
+            general(f, c, m, len)
+        }
+        None => {
+            // The reserved request never appeared: the queue is corrupt (a scribbled ring).
+            let status = responder_failed(f, &d, true, WcStatus::RemOpErr);
+            fail_sender(f, c, m, Some(status));
+            Got::Ring
+        }
+    }
+}
+
+/// The request in `c.entry` (taken) is not the common case: the general delivery checks it,
+/// places the message or writes the error completions, into the CQ's ring.
+#[cold]
+#[inline(never)]
+fn general(f: &Fabric, c: &mut DrainCache, m: &Delivered, len: usize) -> Got {
+    let src_qpn = m.words[0] as u32;
+    let flags = m.tag >> TAG_IDX_BITS;
+    let Some(d) = c.rx.clone() else { return Got::Ring };
+    let lid = c.tx(f, src_qpn).map_or(0, |t| t.lid);
+    let wr = if flags & F_IMM != 0 { SendWr::send_with_imm(m.words[1], m.imm) } else { SendWr::send(m.words[1]) };
+    let wr = wr.flags(if flags & F_SOLICITED != 0 { SendFlags::SOLICITED } else { SendFlags::empty() });
+    let mut payload = payload_bytes(&m.words);
+    let src = [Seg { ptr: payload.as_mut_ptr(), len }];
+    let sender = Sender { qp_type: QpType::Rc, qpn: src_qpn, lid };
+    let status = deliver_taken(f, sender, &c.entry, &d, &wr, &src, len as u64, &None, true, None);
+    if status == WcStatus::Success {
+        if flags & F_SIGNALED != 0 {
+            if let Some(t) = c.tx(f, src_qpn) {
+                complete_send(f, t, m.words[1], (m.words[0] >> 32) as u32, WcStatus::Success);
+            }
+        }
+    } else {
+        fail_sender(f, c, m, Some(status));
+    }
+    Got::Ring
+}
+
+/// The sender's WQE of message `m` failed with `status` (`None`: its responder did not
+/// answer): an error completion, whether signaled or not, and its QP to ERROR. A sender
+/// already in ERROR gets a flush instead: its later WQEs after the first error.
+#[cold]
+fn fail_sender(f: &Fabric, c: &mut DrainCache, m: &Delivered, status: Option<WcStatus>) {
+    let src_qpn = m.words[0] as u32;
+    let Some(t) = c.tx(f, src_qpn) else { return };
+    let in_error = f.qp_slot(t.idx).state.load(Ordering::Acquire) == QpState::Error as u32;
+    let status = if in_error { WcStatus::WrFlushErr } else { status.unwrap_or(WcStatus::RetryExcErr) };
+    complete_send(f, t, m.words[1], (m.words[0] >> 32) as u32, status);
+    if !in_error {
+        to_error(f, t.idx, t.qpn);
+    }
+}
+
+/// Drains CQ `cqn`'s queue `q` for a receiver that is not polling it now, if no one else is
+/// draining: every message's receive completion goes into the CQ's ring, after whatever is
+/// there. Senders call it (a send CQ's poll that found nothing, a WQE waiting for its
+/// queued predecessors, a full queue). Returns whether it drained anything.
+#[cold]
+#[inline(never)]
+pub(crate) fn help(f: &Fabric, q: &MsgQueue, cqn: u32) -> bool {
+    if !q.ready() {
+        return false;
+    }
+    let Some(mut dr) = q.try_drain() else { return false };
+    let Some(ring) = cq_ring(f, cqn) else { return false };
+    let channel = has_channel(f, cqn);
+    let mut c = DrainCache::default();
+    let mut head = 0;
+    let mut any = false;
+    while let Some(m) = dr.poll() {
+        any = true;
+        let mut wc = WorkCompletion::default();
+        if let Got::Wc = take(f, cqn, &mut c, &m, &mut wc) {
+            push_cqe_to(f, &ring, &mut head, cqn, channel, &Cqe { wc, retire: None, solicited: false });
+        }
+    }
+    any
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use crate::shm::{unit_context, ShmCq, ShmQp};
+    use crate::verbs::*;
+    use crate::{Context, Cq, Mr, Pd, Qp, QpInitAttr};
+
+    thread_local! {
+        /// Turns receiver-side delivery on for CQs this thread creates.
+        pub(crate) static FORCE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    /// Polls `cq` until it yields one completion (at most `tries` polls).
+    fn poll_one(cq: &mut ShmCq, tries: u32) -> Option<WorkCompletion> {
+        let mut wc = [WorkCompletion::default(); 1];
+        for _ in 0..tries {
+            if cq.poll(&mut wc).unwrap() == 1 {
+                return Some(wc[0]);
+            }
+        }
+        None
+    }
+
+    /// An RC pair A -> B with queues on: A's send CQ `sa`, B's receive CQ `rb`, and one
+    /// 4 KiB MR.
+    struct Pair {
+        _ctx: crate::shm::ShmContext,
+        a: ShmQp,
+        b: ShmQp,
+        sa: ShmCq,
+        rb: ShmCq,
+        mr: crate::shm::ShmMr,
+    }
+
+    fn pair(name: &str) -> Pair {
+        FORCE.with(|f| f.set(true));
+        let ctx = unit_context(name);
+        let pd = ctx.alloc_pd().unwrap();
+        let (sa, ra, sb, rb) = (
+            ctx.create_cq(64).unwrap(),
+            ctx.create_cq(64).unwrap(),
+            ctx.create_cq(64).unwrap(),
+            ctx.create_cq(64).unwrap(),
+        );
+        let region = ctx.alloc_region(4096).unwrap();
+        let mr = pd.reg_mr(&region, 0, 4096, AccessFlags::LOCAL_WRITE).unwrap();
+        let attr = |s, r| QpInitAttr {
+            send_cq: s,
+            recv_cq: r,
+            srq: None,
+            cap: QpCaps::default(),
+            qp_type: QpType::Rc,
+            sq_sig_all: false,
+        };
+        let (mut a, mut b): (ShmQp, ShmQp) =
+            (pd.create_qp(&attr(&sa, &ra)).unwrap(), pd.create_qp(&attr(&sb, &rb)).unwrap());
+        let (na, nb) = (a.qp_num(), b.qp_num());
+        for (q, dest) in [(&mut a, nb), (&mut b, na)] {
+            q.modify(&QpAttr { state: QpState::Init, ..Default::default() }).unwrap();
+            q.modify(&QpAttr { state: QpState::Rtr, dest_qp_num: dest, ..Default::default() }).unwrap();
+            q.modify(&QpAttr { state: QpState::Rts, ..Default::default() }).unwrap();
+        }
+        FORCE.with(|f| f.set(false));
+        Pair { _ctx: ctx, a, b, sa, rb, mr }
+    }
+
+    fn write_bytes(mr: &crate::shm::ShmMr, at: u64, bytes: &[u8]) {
+        // SAFETY: `at + bytes.len()` lies inside the 4 KiB MR this test owns; nothing else
+        // touches those bytes now.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), (mr.addr() + at) as *mut u8, bytes.len()) }
+    }
+
+    fn read_bytes(mr: &crate::shm::ShmMr, at: u64, n: usize) -> Vec<u8> {
+        // SAFETY: as in `write_bytes`.
+        unsafe { std::slice::from_raw_parts((mr.addr() + at) as *const u8, n).to_vec() }
+    }
+
+    /// A small SEND travels as a cell of B's receive CQ's queue, not as a CQE in its ring,
+    /// and B's poll delivers it: bytes, immediate, ids; A's completion comes after.
+    #[test]
+    fn a_small_send_is_queued_and_delivered_by_the_receivers_poll() {
+        let mut p = pair("mq-basic");
+        let q = p.rb.shared.mq.expect("the receive CQ has a queue");
+        p.b.post_recv(&RecvChain::one(77, &[Sge::new(p.mr.addr() + 1024, 64, p.mr.lkey())])).unwrap();
+        write_bytes(&p.mr, 0, b"queued, not pushed!");
+        let wr = SendWr::send_with_imm(5, 0xfeed).signaled();
+        p.a.post_send(&SendChain::one(wr, &[Sge::new(p.mr.addr(), 19, p.mr.lkey())])).unwrap();
+        assert!(q.ready(), "the message waits in the queue");
+        assert_eq!(p.rb.len(), 0, "nothing was pushed into the ring");
+        let wc = poll_one(&mut p.rb, 10).expect("the receiver's poll delivers it");
+        assert_eq!((wc.wr_id, wc.status, wc.byte_len, wc.imm_data), (77, WcStatus::Success, 19, 0xfeed));
+        assert!(wc.wc_flags.contains(WcFlags::WITH_IMM));
+        assert_eq!((wc.qp_num, wc.src_qp), (p.b.qp_num(), p.a.qp_num()));
+        assert_eq!(read_bytes(&p.mr, 1024, 19), b"queued, not pushed!");
+        let sc = poll_one(&mut p.sa, 10).expect("the drainer completed the send");
+        assert_eq!((sc.wr_id, sc.status, sc.opcode, sc.qp_num), (5, WcStatus::Success, WcOpcode::Send, p.a.qp_num()));
+        assert_eq!(q.acked(), 1);
+    }
+
+    /// Single-threaded code that polls only the sender's CQ still gets its completion: the
+    /// send CQ's empty polls help drain; the receive completion then waits in B's ring.
+    #[test]
+    fn polling_only_the_send_cq_drains_for_a_receiver_that_does_not_poll() {
+        let mut p = pair("mq-help");
+        p.b.post_recv(&RecvChain::one(1, &[Sge::new(p.mr.addr() + 1024, 64, p.mr.lkey())])).unwrap();
+        p.a.post_send(&SendChain::one(SendWr::send(9).signaled(), &[Sge::new(p.mr.addr(), 8, p.mr.lkey())])).unwrap();
+        let sc = poll_one(&mut p.sa, 10 * super::super::cq::HELP_EVERY).expect("a helping drain ran");
+        assert_eq!((sc.wr_id, sc.status), (9, WcStatus::Success));
+        assert_eq!(p.rb.len(), 1, "the receive completion went into the ring");
+        assert_eq!(poll_one(&mut p.rb, 1).map(|w| w.wr_id), Some(1));
+    }
+
+    /// A WR that does not take the queue (a SEND too long for a cell) waits for the queued
+    /// SENDs before it: receive and send completions keep the posting order.
+    #[test]
+    fn a_long_send_waits_for_the_queued_ones_before_it() {
+        let mut p = pair("mq-order");
+        for i in 0..3 {
+            let sge = Sge::new(p.mr.addr() + 1024 + i * 256, 256, p.mr.lkey());
+            p.b.post_recv(&RecvChain::one(100 + i, &[sge])).unwrap();
+        }
+        let mut chain = SendChain::new();
+        for (i, len) in [(0u64, 8u32), (1, 200), (2, 16)] {
+            chain.push(SendWr::send(i).signaled(), &[Sge::new(p.mr.addr(), len, p.mr.lkey())]);
+        }
+        p.a.post_send(&chain).unwrap();
+        let mut recv = Vec::new();
+        let mut sent = Vec::new();
+        for _ in 0..100_000 {
+            if let Some(w) = poll_one(&mut p.rb, 1) {
+                recv.push((w.wr_id, w.byte_len));
+            }
+            if let Some(w) = poll_one(&mut p.sa, 1) {
+                sent.push(w.wr_id);
+            }
+            if recv.len() == 3 && sent.len() == 3 {
+                break;
+            }
+        }
+        assert_eq!(recv, [(100, 8), (101, 200), (102, 16)]);
+        assert_eq!(sent, [0, 1, 2]);
+    }
+
+    /// A queued SEND into a receive buffer too small for it fails as the general path fails
+    /// it: LOC_LEN_ERR for the receiver, REM_INV_REQ_ERR for the sender, both QPs in ERROR.
+    #[test]
+    fn a_queued_send_into_a_short_buffer_fails_both_sides() {
+        let mut p = pair("mq-short");
+        p.b.post_recv(&RecvChain::one(1, &[Sge::new(p.mr.addr() + 1024, 4, p.mr.lkey())])).unwrap();
+        p.a.post_send(&SendChain::one(SendWr::send(2), &[Sge::new(p.mr.addr(), 8, p.mr.lkey())])).unwrap();
+        let rc = poll_one(&mut p.rb, 10).expect("receive completion");
+        assert_eq!((rc.wr_id, rc.status), (1, WcStatus::LocLenErr));
+        let sc = poll_one(&mut p.sa, 10).expect("the unsignaled send's error completion");
+        assert_eq!((sc.wr_id, sc.status), (2, WcStatus::RemInvReqErr));
+        assert_eq!((p.a.state(), p.b.state()), (QpState::Error, QpState::Error));
+    }
+
+    /// With no receive posted, nothing is queued (RNR at post time): the SEND waits and is
+    /// delivered once a receive is posted.
+    #[test]
+    fn no_receive_posted_is_rnr_at_post_time() {
+        let mut p = pair("mq-rnr");
+        let q = p.rb.shared.mq.unwrap();
+        p.a.post_send(&SendChain::one(SendWr::send(3).signaled(), &[Sge::new(p.mr.addr(), 8, p.mr.lkey())])).unwrap();
+        assert!(!q.ready(), "nothing queued without a reserved request");
+        assert!(poll_one(&mut p.sa, 10).is_none());
+        p.b.post_recv(&RecvChain::one(4, &[Sge::new(p.mr.addr() + 1024, 64, p.mr.lkey())])).unwrap();
+        let mut got = (None, None);
+        for _ in 0..1_000_000 {
+            if got.0.is_none() {
+                got.0 = poll_one(&mut p.sa, 1).map(|w| (w.wr_id, w.status));
+            }
+            if got.1.is_none() {
+                got.1 = poll_one(&mut p.rb, 1).map(|w| (w.wr_id, w.status));
+            }
+            if got.0.is_some() && got.1.is_some() {
+                break;
+            }
+        }
+        assert_eq!(got, (Some((3, WcStatus::Success)), Some((4, WcStatus::Success))));
+    }
+}
