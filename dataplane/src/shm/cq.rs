@@ -387,6 +387,12 @@ impl ShmCq {
     /// under the drain lock: a helper may have pushed messages of the queue into it, which
     /// come before the ones still queued. A message the general delivery completed (into
     /// the ring) is followed by the ring again, so completions keep the queue's order.
+    ///
+    /// The drain lock is taken per poll that finds the queue ready (one CAS) and released at
+    /// its end. Keeping it across polls would save that CAS, but a lock kept by a CQ its
+    /// thread no longer polls stops every helper, and single-threaded code that polls B's
+    /// receive CQ once and then only A's send CQ would wait forever (see
+    /// docs/shm-provider.md, "Receiver-side delivery").
     #[inline]
     fn drain_into(&mut self, q: &MsgQueue, wc: &mut [WorkCompletion], mut n: usize) -> usize {
         let Some(mut dr) = q.try_drain() else { return n };

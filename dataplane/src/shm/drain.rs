@@ -39,8 +39,10 @@ pub(crate) const F_SIGNALED: u16 = 1;
 pub(crate) const F_IMM: u16 = 2;
 /// IBV_SEND_SOLICITED.
 pub(crate) const F_SOLICITED: u16 = 4;
+/// No message: a position a post list claimed and did not use (`doorbell::mq_close`).
+pub(crate) const F_NOP: u16 = 8;
 
-const _: () = assert!(MAX_QP <= 1 << TAG_IDX_BITS && TAG_IDX_BITS + 3 <= 16);
+const _: () = assert!(MAX_QP <= 1 << TAG_IDX_BITS && TAG_IDX_BITS + 4 <= 16);
 
 /// The tag of a cell: the receiving QP's slot and the flags.
 #[inline(always)]
@@ -178,9 +180,19 @@ pub(crate) fn take(f: &Fabric, cqn: u32, c: &mut DrainCache, m: &Delivered, out:
     let src_qpn = m.words[0] as u32;
     let idx = (m.tag & ((1 << TAG_IDX_BITS) - 1)) as usize;
     let flags = m.tag >> TAG_IDX_BITS;
+    if flags & F_NOP != 0 {
+        return Got::Ring;
+    }
     let len = (m.len as usize).saturating_sub(META_WORDS * 8).min(MQ_PAYLOAD_MAX);
-    let qpn = f.qp_slot(idx.min(MAX_QP - 1)).qpn.load(Ordering::Acquire);
-    let Some(d) = dest(f, &mut c.rx, qpn) else { return take_cold(f, cqn, c, m) };
+    // The cached receiving QP, if the cell names it and its slot still holds it (one load).
+    let hit = c.rx.as_ref().is_some_and(|d| d.idx == idx && f.qp_slot(idx).qpn.load(Ordering::Acquire) == d.qpn);
+    let d = if hit {
+        c.rx.as_ref()
+    } else {
+        let qpn = f.qp_slot(idx.min(MAX_QP - 1)).qpn.load(Ordering::Acquire);
+        dest(f, &mut c.rx, qpn)
+    };
+    let Some(d) = d else { return take_cold(f, cqn, c, m) };
     let s = f.qp_slot(d.idx);
     let receives = QpState::from_u8(s.state.load(Ordering::Acquire) as u8).is_some_and(QpState::receives);
     let Some(rq) = d.rq.filter(|_| receives && d.cqn == cqn && s.dest_qpn.load(Ordering::Relaxed) == src_qpn) else {

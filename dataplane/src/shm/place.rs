@@ -186,9 +186,9 @@ pub(crate) fn read_translated(src: *const u8, out: &mut [u8]) {
 /// `bytes.len()` bytes (`recv_dst`): a queued message's payload placed by its drainer.
 #[inline(always)]
 pub(crate) fn write_translated(dst: *mut u8, bytes: &[u8]) {
-    // SAFETY: `dst` is writable for `bytes.len()` bytes (the contract above); `bytes` is the
-    // drainer's own copy of the cell, so the two cannot overlap.
-    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst, bytes.len()) }
+    // SAFETY: `dst` is writable for `bytes.len()` bytes (the contract above) and `bytes` is
+    // readable for as many; `copy_one` is `ptr::copy` with inline small lengths.
+    unsafe { super::cell::copy_one(bytes.as_ptr(), dst, bytes.len()) }
 }
 
 /// Copies the first `out.len()` bytes of the gather list into `out`.

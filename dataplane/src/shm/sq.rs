@@ -45,6 +45,10 @@ pub(crate) struct MqSend {
     pub(crate) rq_next: u64,
     /// Our cached copy of the RQ's `tail`: requests below it are posted (or being posted).
     pub(crate) rq_tail: u64,
+    /// Queue positions this post list claimed and has not written yet: `[claim_next,
+    /// claim_end)` (`doorbell::post_mq`, `doorbell::mq_close`).
+    pub(crate) claim_next: u64,
+    pub(crate) claim_end: u64,
 }
 
 impl MqSend {
