@@ -92,22 +92,6 @@ impl CqShared {
             }
         }
     }
-
-    /// Helps drain the queues in [`CqShared::help`] (a stale entry, whose CQ is gone,
-    /// resolves to nothing).
-    #[cold]
-    #[inline(never)]
-    fn help_drain(&self) {
-        let f = self.fabric();
-        for h in &self.help {
-            let cqn = h.load(Ordering::Relaxed);
-            if cqn != 0 {
-                if let Some(q) = drain::cq_msgq(f, cqn) {
-                    drain::help(f, &q, cqn);
-                }
-            }
-        }
-    }
 }
 
 /// Pushes a CQE into the CQ `cqn` of the fabric (any process). A full CQ is an overrun: the CQ
@@ -238,6 +222,8 @@ pub struct ShmCq {
     drain: DrainCache,
     /// Empty polls since the last helping drain ([`HELP_EVERY`]).
     empty_polls: u32,
+    /// Each helped queue's `head` as the last check saw it ([`ShmCq::help_drain`]).
+    help_seen: [u64; HELP_SLOTS],
 }
 
 impl ShmCq {
@@ -269,9 +255,9 @@ impl ShmCq {
                 return Err(e);
             }
         };
-        // A message queue for receiver-side delivery (opt-in; not with a channel, whose
+        // A message queue for receiver-side delivery (`drain::Mode`; not with a channel, whose
         // waiters would have to drain it). As many cells as the CQ has entries.
-        let mq_range = if drain::enabled() && channel.is_none() {
+        let mq_range = if drain::mode() != drain::Mode::Off && channel.is_none() {
             let len = MsgQueue::bytes(cap.max(2)) as u64;
             match f.alloc(len) {
                 Ok(off) => (off, len),
@@ -347,6 +333,7 @@ impl ShmCq {
             }),
             drain: DrainCache::default(),
             empty_polls: 0,
+            help_seen: [u64::MAX; HELP_SLOTS],
         })
     }
 
@@ -383,6 +370,27 @@ fn pop_ring(sh: &CqShared, wc: &mut [WorkCompletion], mut n: usize) -> usize {
 }
 
 impl ShmCq {
+    /// Helps drain the queues in [`CqShared::help`] whose receiver is away: a message waits
+    /// at a `head` that has not moved since the last check, [`HELP_EVERY`] empty polls ago.
+    /// A receiver that drains is left alone (a helper taking its lock would move the lock's
+    /// and the messages' lines to this core and back: in a ping-pong that cost more than
+    /// the whole message). A stale entry, whose CQ is gone, resolves to nothing.
+    #[cold]
+    #[inline(never)]
+    fn help_drain(&mut self) {
+        let sh = &*self.shared;
+        let f = sh.fabric();
+        for (h, seen) in sh.help.iter().zip(&mut self.help_seen) {
+            let cqn = h.load(Ordering::Relaxed);
+            let Some(q) = (cqn != 0).then(|| drain::cq_msgq(f, cqn)).flatten() else { continue };
+            let head = q.acked();
+            if head == *seen {
+                drain::help(f, &q, cqn);
+            }
+            *seen = q.acked();
+        }
+    }
+
     /// The owner's drain of its message queue, straight into `wc[n..]`. The ring goes first,
     /// under the drain lock: a helper may have pushed messages of the queue into it, which
     /// come before the ones still queued. A message the general delivery completed (into
@@ -421,14 +429,14 @@ impl crate::provider::Cq for ShmCq {
             }
         }
         if n == 0 {
-            let sh = &*self.shared;
-            if sh.help[0].load(Ordering::Relaxed) != 0 {
+            if self.shared.help[0].load(Ordering::Relaxed) != 0 {
                 self.empty_polls = self.empty_polls.wrapping_add(1);
                 if self.empty_polls % HELP_EVERY == 0 {
-                    sh.help_drain();
-                    n = pop_ring(sh, wc, 0);
+                    self.help_drain();
+                    n = pop_ring(&self.shared, wc, 0);
                 }
             }
+            let sh = &*self.shared;
             if n == 0 && sh.fabric().cq_slot(sh.idx).overrun.load(Ordering::Relaxed) != 0 {
                 return Err(Error::new(
                     Errno::EIO,

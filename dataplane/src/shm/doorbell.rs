@@ -242,9 +242,16 @@ pub(crate) fn post_fast<const XRC: bool>(
     } else {
         d
     };
-    // A small RC SEND to a target whose receive CQ has a message queue goes through it: its
-    // receiver (or a helper) delivers it (`post_mq`).
-    if !XRC && is_send && len <= MQ_PAYLOAD_MAX && !st.send_cq.has_channel {
+    // A small RC SEND to a target whose receive CQ has a message queue goes through it, if
+    // it is part of a post list or follows queued ones (or `Mode::All`): its receiver (or a
+    // helper) delivers it (`post_mq`). A lone post stays here, where the sender does the
+    // receiver's work and the receiver's poll is short (`drain::Mode`).
+    if !XRC
+        && is_send
+        && len <= MQ_PAYLOAD_MAX
+        && (rest > 0 || st.mq.last != 0 || st.mq_every)
+        && !st.send_cq.has_channel
+    {
         if let (Some(q), Some(rq)) = (d.mq, d.rq) {
             let to = MqTo { q, rq, qpn: d.qpn, idx: d.idx, cqn: d.cqn, pid: d.pid };
             return post_mq(f, st, wr, src, len, &to, rest);

@@ -6,9 +6,9 @@
 //! delivery (`take`) and the helpers' drain (`help`). The sender's side is
 //! `doorbell::post_mq`.
 //!
-//! Opt-in for now: a CQ gets a queue only when `DATAPLANE_SHM_MSGQ=1` is set in the process
-//! that creates it, and only a CQ without a completion channel (the channel's wake-ups
-//! would have to drain too; not built).
+//! Which SENDs take it is [`Mode`] (`DATAPLANE_SHM_MSGQ`; by default those of post lists).
+//! A CQ with a completion channel gets no queue (the channel's wake-ups would have to drain
+//! too; not built).
 
 use super::cq::{cq_ring, has_channel, push_cqe_to, Cqe};
 use super::dest::{dest, DestView};
@@ -56,15 +56,32 @@ pub(crate) fn meta(src_qpn: u32, wqe: u32) -> u64 {
     u64::from(src_qpn) | u64::from(wqe) << 32
 }
 
-/// Whether new CQs of this process get a message queue (`DATAPLANE_SHM_MSGQ=1`, read once;
-/// unit tests turn it on per thread).
-pub(crate) fn enabled() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
+/// Which SENDs take receiver-side delivery, from `DATAPLANE_SHM_MSGQ` (read once per
+/// process): `0` none (CQs get no queue), `all` every small RC SEND, anything else (the
+/// default) the SENDs of post lists of two or more WRs, and every later one of a QP with
+/// queued SENDs in flight (they must not be overtaken). Why the default leaves single posts
+/// to the sender-side path: a queued message moves the request's take and checks to the
+/// receiver's poll, which is the critical path of a ping-pong (`send_lat` 8 B: 0.14 vs
+/// 0.17 us), while a post list pays one claim for all its messages (docs/shm-provider.md).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Mode {
+    Off,
+    Lists,
+    All,
+}
+
+/// The process's [`Mode`] (unit tests set it per thread).
+pub(crate) fn mode() -> Mode {
+    static MODE: OnceLock<Mode> = OnceLock::new();
     #[cfg(test)]
-    if tests::FORCE.with(|f| f.get()) {
-        return true;
+    if let Some(m) = tests::FORCE.with(|f| f.get()) {
+        return m;
     }
-    *ON.get_or_init(|| std::env::var("DATAPLANE_SHM_MSGQ").is_ok_and(|v| v == "1"))
+    *MODE.get_or_init(|| match std::env::var("DATAPLANE_SHM_MSGQ").as_deref() {
+        Ok("0") => Mode::Off,
+        Ok("all") => Mode::All,
+        _ => Mode::Lists,
+    })
 }
 
 /// Largest queue a CQ slot may name: a corrupt `mq_cells` must not make a huge view.
@@ -372,8 +389,8 @@ pub(crate) mod tests {
     use crate::{Context, Cq, Mr, Pd, Qp, QpInitAttr};
 
     thread_local! {
-        /// Turns receiver-side delivery on for CQs this thread creates.
-        pub(crate) static FORCE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+        /// The [`super::Mode`] of CQs and QPs this thread creates (`None`: the process's).
+        pub(crate) static FORCE: std::cell::Cell<Option<super::Mode>> = const { std::cell::Cell::new(None) };
     }
 
     /// Polls `cq` until it yields one completion (at most `tries` polls).
@@ -399,7 +416,7 @@ pub(crate) mod tests {
     }
 
     fn pair(name: &str) -> Pair {
-        FORCE.with(|f| f.set(true));
+        FORCE.with(|f| f.set(Some(super::Mode::All)));
         let ctx = unit_context(name);
         let pd = ctx.alloc_pd().unwrap();
         let (sa, ra, sb, rb) = (
@@ -426,7 +443,7 @@ pub(crate) mod tests {
             q.modify(&QpAttr { state: QpState::Rtr, dest_qp_num: dest, ..Default::default() }).unwrap();
             q.modify(&QpAttr { state: QpState::Rts, ..Default::default() }).unwrap();
         }
-        FORCE.with(|f| f.set(false));
+        FORCE.with(|f| f.set(None));
         Pair { _ctx: ctx, a, b, sa, rb, mr }
     }
 

@@ -273,6 +273,7 @@ impl ShmQp {
             rx: RecvEntry::default(),
             held: super::sq::Held::new(),
             mq: Default::default(),
+            mq_every: super::drain::mode() == super::drain::Mode::All,
         };
         let sq = Arc::new_cyclic(|me: &Weak<SqCell>| {
             let mut st = st;

@@ -210,6 +210,8 @@ pub(crate) struct SqState {
     pub(crate) held: Held,
     /// Receiver-side delivery to the connected destination.
     pub(crate) mq: MqSend,
+    /// Every small SEND takes it (`drain::Mode::All`), not only post lists'.
+    pub(crate) mq_every: bool,
 }
 
 impl SqState {
