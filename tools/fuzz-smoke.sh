@@ -49,7 +49,9 @@ for t in "${targets[@]}"; do
         status=CRASH
         failed+=("$t")
     fi
-    runs=$(grep -o 'Done [0-9]* runs' "$log" | tail -n 1 | awk '{print $2}')
+    # (`|| true`: a target that crashed at once has no "Done" line, and under pipefail the
+    # failed grep ended the script silently instead of reporting the crash below.)
+    runs=$(grep -o 'Done [0-9]* runs' "$log" | tail -n 1 | awk '{print $2}' || true)
     echo "fuzz-smoke: $t: $status, ${runs:-?} runs in $(($(date +%s) - start)) s"
     if [ "$status" != ok ]; then
         grep -E 'ERROR|panicked|SUMMARY|Test unit written|artifact' "$log" | head -n 20 >&2 || tail -n 40 "$log" >&2

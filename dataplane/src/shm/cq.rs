@@ -269,11 +269,18 @@ impl ShmCq {
         } else {
             (0, 0)
         };
-        let mq = (mq_range.1 != 0).then(|| {
-            // SAFETY: `alloc` returned `len` bytes of the mapped arena, 128-aligned (= ALIGN),
-            // that nobody else sees until the CQ number is published below; the arena stays
-            // mapped while the fabric lives, and the CQ keeps the fabric.
-            unsafe { MsgQueue::init(f.at(mq_range.0), cap.max(2)) }
+        // The allocator's words are shared (a corrupt peer can make it hand out anything), so
+        // the range is checked against the mapping before the queue is written there.
+        let mq_ptr = f.ptr(mq_range.0, mq_range.1).filter(|p| mq_range.1 != 0 && *p as usize % msgq::ALIGN == 0);
+        if mq_range.1 != 0 && mq_ptr.is_none() {
+            f.free(ring_off, ring_len);
+            return Err(Error::new(Errno::ENOMEM, "the fabric's allocator gave a range outside its arena"));
+        }
+        let mq = mq_ptr.map(|p| {
+            // SAFETY: `ptr` checked that `len` bytes at `p` lie inside the mapping, and `p` is
+            // aligned to ALIGN (checked); nobody else sees them until the CQ number is
+            // published below; the mapping lives while the fabric does, and the CQ keeps it.
+            unsafe { MsgQueue::init(p, cap.max(2)) }
         });
         let free_all = |f: &Fabric| {
             f.free(ring_off, ring_len);
