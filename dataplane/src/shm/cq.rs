@@ -177,10 +177,8 @@ fn signal_if_armed(f: &Fabric, cqn: u32, urgent: bool) {
 /// A push found CQ `cqn` full: it enters error, and its owner gets the event once.
 #[cold]
 fn overrun(f: &Fabric, cqn: u32) {
-    let idx = key_index(cqn, CQ_IDX_BITS);
-    if idx < MAX_CQ {
-        let s = f.cq_slot(idx);
-        if s.cqn.load(Ordering::Acquire) == cqn && s.overrun.swap(1, Ordering::AcqRel) == 0 {
+    if let Some(s) = live_slot(f, cqn) {
+        if s.overrun.swap(1, Ordering::AcqRel) == 0 {
             f.post_event(s.ctx.load(Ordering::Relaxed) as usize, super::EVENT_CQ_ERR, cqn);
         }
     }
@@ -200,16 +198,22 @@ fn notify(f: &Fabric, s: &CqSlot, cqn: u32) {
     }
 }
 
-/// Resolves CQ `cqn` to a ring view (for pushing completions of a remote QP).
-pub(crate) fn cq_ring(f: &Fabric, cqn: u32) -> Option<CqRing> {
+/// The slot of CQ `cqn` if that CQ is live now (index in range, slot holding this very
+/// number, read with Acquire so the slot's other fields published before it are visible).
+/// Callers that go on to read offsets re-check `cqn` afterwards: the CQ may be destroyed
+/// and its slot reused in between.
+pub(crate) fn live_slot(f: &Fabric, cqn: u32) -> Option<&CqSlot> {
     let idx = key_index(cqn, CQ_IDX_BITS);
     if idx >= MAX_CQ {
         return None;
     }
     let s = f.cq_slot(idx);
-    if s.cqn.load(Ordering::Acquire) != cqn {
-        return None;
-    }
+    (s.cqn.load(Ordering::Acquire) == cqn).then_some(s)
+}
+
+/// Resolves CQ `cqn` to a ring view (for pushing completions of a remote QP).
+pub(crate) fn cq_ring(f: &Fabric, cqn: u32) -> Option<CqRing> {
+    let s = live_slot(f, cqn)?;
     let (off, cap) = (s.ring_off.load(Ordering::Relaxed), s.cap.load(Ordering::Relaxed));
     let r = CqRing::new(f.ring(off, cap as usize, CQE_STRIDE).ok()?)?;
     (s.cqn.load(Ordering::Acquire) == cqn).then_some(r)

@@ -89,14 +89,7 @@ const MAX_CELLS: u32 = 1 << 20;
 
 /// The message queue of CQ `cqn`, if it has one.
 pub(crate) fn cq_msgq(f: &Fabric, cqn: u32) -> Option<MsgQueue> {
-    let idx = key_index(cqn, CQ_IDX_BITS);
-    if idx >= MAX_CQ {
-        return None;
-    }
-    let s = f.cq_slot(idx);
-    if s.cqn.load(Ordering::Acquire) != cqn {
-        return None;
-    }
+    let s = super::cq::live_slot(f, cqn)?;
     let (off, cells) = (s.mq_off.load(Ordering::Relaxed), s.mq_cells.load(Ordering::Relaxed));
     if off == 0 || !cells.is_power_of_two() || !(2..=MAX_CELLS).contains(&cells) {
         return None;
@@ -188,19 +181,54 @@ fn complete_send(f: &Fabric, t: &mut TxView, wr_id: u64, wqe: u32, status: WcSta
     push_cqe_to(f, cq, &mut t.head, t.cqn, t.channel, &cqe);
 }
 
+/// A queued message's cell decoded once (its layout: [`meta`], `wr_id`, payload; [`tag`]): who
+/// sent it, for which QP slot, with which flags, and the payload words it carries.
+struct Msg<'a> {
+    /// The sender's QP number.
+    src_qpn: u32,
+    /// The sender's WQE index (retired by its send completion).
+    wqe: u32,
+    /// The sender's `wr_id`.
+    wr_id: u64,
+    /// The receiving QP's slot index.
+    idx: usize,
+    /// `F_*` flags.
+    flags: u16,
+    /// Payload length in bytes (at most [`MQ_PAYLOAD_MAX`]).
+    len: usize,
+    /// Immediate data (meaningful with `F_IMM`).
+    imm: u32,
+    /// The cell's words (payload after the [`META_WORDS`]).
+    words: &'a [u64; PAYLOAD_WORDS],
+}
+
+impl<'a> Msg<'a> {
+    #[inline(always)]
+    fn decode(m: &'a Delivered) -> Msg<'a> {
+        Msg {
+            src_qpn: m.words[0] as u32,
+            wqe: (m.words[0] >> 32) as u32,
+            wr_id: m.words[1],
+            idx: (m.tag & ((1 << TAG_IDX_BITS) - 1)) as usize,
+            flags: m.tag >> TAG_IDX_BITS,
+            len: (m.len as usize).saturating_sub(META_WORDS * 8).min(MQ_PAYLOAD_MAX),
+            imm: m.imm,
+            words: &m.words,
+        }
+    }
+}
+
 /// Delivers queued message `m` of CQ `cqn`'s queue: takes the receiving QP's request,
 /// places the bytes, writes the receive completion into `out` (or, when anything is not
 /// the common case, lets the general delivery write it into the ring) and the sender's
 /// completion into its send CQ.
 #[inline]
 pub(crate) fn take(f: &Fabric, cqn: u32, c: &mut DrainCache, m: &Delivered, out: &mut WorkCompletion) -> Got {
-    let src_qpn = m.words[0] as u32;
-    let idx = (m.tag & ((1 << TAG_IDX_BITS) - 1)) as usize;
-    let flags = m.tag >> TAG_IDX_BITS;
+    let m = Msg::decode(m);
+    let (src_qpn, idx, flags, len) = (m.src_qpn, m.idx, m.flags, m.len);
     if flags & F_NOP != 0 {
         return Got::Ring;
     }
-    let len = (m.len as usize).saturating_sub(META_WORDS * 8).min(MQ_PAYLOAD_MAX);
     // The cached receiving QP, if the cell names it and its slot still holds it (one load).
     let hit = c.rx.as_ref().is_some_and(|d| d.idx == idx && f.qp_slot(idx).qpn.load(Ordering::Acquire) == d.qpn);
     let d = if hit {
@@ -209,19 +237,19 @@ pub(crate) fn take(f: &Fabric, cqn: u32, c: &mut DrainCache, m: &Delivered, out:
         let qpn = f.qp_slot(idx.min(MAX_QP - 1)).qpn.load(Ordering::Acquire);
         dest(f, &mut c.rx, qpn)
     };
-    let Some(d) = d else { return take_cold(f, cqn, c, m) };
+    let Some(d) = d else { return take_cold(f, cqn, c, &m) };
     let s = f.qp_slot(d.idx);
     let receives = QpState::from_u8(s.state.load(Ordering::Acquire) as u8).is_some_and(QpState::receives);
     let Some(rq) = d.rq.filter(|_| receives && d.cqn == cqn && s.dest_qpn.load(Ordering::Relaxed) == src_qpn) else {
-        return take_cold(f, cqn, c, m);
+        return take_cold(f, cqn, c, &m);
     };
-    let Some(pos) = recvq::pop_held(&rq, &mut c.entry) else { return take_cold(f, cqn, c, m) };
+    let Some(pos) = recvq::pop_held(&rq, &mut c.entry) else { return take_cold(f, cqn, c, &m) };
     let dst = if c.entry.n == 1 { recv_dst(f, d.pd, &c.entry.sges[0], len) } else { None };
     let Some(dst) = dst else {
         rq.release(pos);
-        return general(f, c, m, len);
+        return general(f, c, &m);
     };
-    let payload = payload_bytes(&m.words);
+    let payload = payload_bytes(m.words);
     write_translated(dst, &payload[..len]);
     rq.release(pos);
     let imm = flags & F_IMM != 0;
@@ -233,7 +261,7 @@ pub(crate) fn take(f: &Fabric, cqn: u32, c: &mut DrainCache, m: &Delivered, out:
     };
     *out = recv_wc(wr_id, len, imm, m.imm, rx_qpn, src_qpn, t.lid);
     if flags & F_SIGNALED != 0 {
-        complete_send(f, t, m.words[1], (m.words[0] >> 32) as u32, WcStatus::Success);
+        complete_send(f, t, m.wr_id, m.wqe, WcStatus::Success);
     }
     Got::Wc
 }
@@ -271,11 +299,9 @@ const REQUEST_PATIENCE: Duration = Duration::from_millis(100);
 /// to the sender; its request not yet published, or not one SGE that holds the message.
 #[cold]
 #[inline(never)]
-fn take_cold(f: &Fabric, cqn: u32, c: &mut DrainCache, m: &Delivered) -> Got {
-    let src_qpn = m.words[0] as u32;
-    let idx = (m.tag & ((1 << TAG_IDX_BITS) - 1)) as usize;
-    let len = (m.len as usize).saturating_sub(META_WORDS * 8).min(MQ_PAYLOAD_MAX);
-    let qpn = f.qp_slot(idx.min(MAX_QP - 1)).qpn.load(Ordering::Acquire);
+fn take_cold(f: &Fabric, cqn: u32, c: &mut DrainCache, m: &Msg) -> Got {
+    let src_qpn = m.src_qpn;
+    let qpn = f.qp_slot(m.idx.min(MAX_QP - 1)).qpn.load(Ordering::Acquire);
     let d = dest(f, &mut c.rx, qpn).filter(|d| d.cqn == cqn && d.rq.is_some()).cloned();
     let s = d.as_ref().map(|d| f.qp_slot(d.idx));
     let ready = s.is_some_and(|s| {
@@ -303,7 +329,7 @@ fn take_cold(f: &Fabric, cqn: u32, c: &mut DrainCache, m: &Delivered) -> Got {
     match pos {
         Some(p) => {
             rq.release(p);
-            general(f, c, m, len)
+            general(f, c, m)
         }
         None => {
             // The reserved request never appeared: the queue is corrupt (a scribbled ring).
@@ -318,21 +344,20 @@ fn take_cold(f: &Fabric, cqn: u32, c: &mut DrainCache, m: &Delivered) -> Got {
 /// places the message or writes the error completions, into the CQ's ring.
 #[cold]
 #[inline(never)]
-fn general(f: &Fabric, c: &mut DrainCache, m: &Delivered, len: usize) -> Got {
-    let src_qpn = m.words[0] as u32;
-    let flags = m.tag >> TAG_IDX_BITS;
+fn general(f: &Fabric, c: &mut DrainCache, m: &Msg) -> Got {
+    let (src_qpn, flags, len) = (m.src_qpn, m.flags, m.len);
     let Some(d) = c.rx.clone() else { return Got::Ring };
     let lid = c.tx(f, src_qpn).map_or(0, |t| t.lid);
-    let wr = if flags & F_IMM != 0 { SendWr::send_with_imm(m.words[1], m.imm) } else { SendWr::send(m.words[1]) };
+    let wr = if flags & F_IMM != 0 { SendWr::send_with_imm(m.wr_id, m.imm) } else { SendWr::send(m.wr_id) };
     let wr = wr.flags(if flags & F_SOLICITED != 0 { SendFlags::SOLICITED } else { SendFlags::empty() });
-    let mut payload = payload_bytes(&m.words);
+    let mut payload = payload_bytes(m.words);
     let src = [Seg { ptr: payload.as_mut_ptr(), len }];
     let sender = Sender { qp_type: QpType::Rc, qpn: src_qpn, lid };
     let status = deliver_taken(f, sender, &c.entry, &d, &wr, &src, len as u64, &None, true, None);
     if status == WcStatus::Success {
         if flags & F_SIGNALED != 0 {
             if let Some(t) = c.tx(f, src_qpn) {
-                complete_send(f, t, m.words[1], (m.words[0] >> 32) as u32, WcStatus::Success);
+                complete_send(f, t, m.wr_id, m.wqe, WcStatus::Success);
             }
         }
     } else {
@@ -345,12 +370,11 @@ fn general(f: &Fabric, c: &mut DrainCache, m: &Delivered, len: usize) -> Got {
 /// answer): an error completion, whether signaled or not, and its QP to ERROR. A sender
 /// already in ERROR gets a flush instead: its later WQEs after the first error.
 #[cold]
-fn fail_sender(f: &Fabric, c: &mut DrainCache, m: &Delivered, status: Option<WcStatus>) {
-    let src_qpn = m.words[0] as u32;
-    let Some(t) = c.tx(f, src_qpn) else { return };
+fn fail_sender(f: &Fabric, c: &mut DrainCache, m: &Msg, status: Option<WcStatus>) {
+    let Some(t) = c.tx(f, m.src_qpn) else { return };
     let in_error = f.qp_slot(t.idx).state.load(Ordering::Acquire) == QpState::Error as u32;
     let status = if in_error { WcStatus::WrFlushErr } else { status.unwrap_or(WcStatus::RetryExcErr) };
-    complete_send(f, t, m.words[1], (m.words[0] >> 32) as u32, status);
+    complete_send(f, t, m.wr_id, m.wqe, status);
     if !in_error {
         to_error(f, t.idx, t.qpn);
     }
