@@ -252,8 +252,17 @@ pub(crate) fn post_fast<const XRC: bool>(
         && (rest > 0 || st.mq.last != 0 || st.mq_every)
         && !st.send_cq.has_channel
     {
-        if let (Some(q), Some(rq)) = (d.mq, d.rq) {
-            let to = MqTo { q, rq, qpn: d.qpn, idx: d.idx, cqn: d.cqn, pid: d.pid };
+        if let (Some(q), Some(rq)) = (d.mq, &d.rq) {
+            // The switch and the reservation read the target's RQ here, where the view
+            // is borrowed from the destination cache (a copy per message showed in
+            // instruction profiles).
+            if st.mq.dest != d.qpn || st.mq.cqn != d.cqn {
+                mq_switch(&mut st.mq, &st.send_cq, d.qpn, d.cqn, q);
+            }
+            if !mq_reserve(&mut st.mq, rq) {
+                return false;
+            }
+            let to = MqTo { q, idx: d.idx, cqn: d.cqn, pid: d.pid };
             return post_mq(f, st, wr, src, len, &to, rest);
         }
     }
@@ -377,44 +386,45 @@ pub(crate) fn post_fast<const XRC: bool>(
     true
 }
 
-/// Where a queued SEND goes (`post_mq`): the target's receive CQ's queue, RQ and identity.
+/// Where a queued SEND goes (`post_mq`): the target's receive CQ's queue and identity.
 pub(crate) struct MqTo {
     q: MsgQueue,
-    rq: RecvRing,
-    qpn: u32,
     idx: usize,
     cqn: u32,
     /// The target's owning process (a dead one never drains again: `mq_wait`).
     pid: u32,
 }
 
-/// Receiver-side delivery of a small RC SEND (`shm::drain`): reserves one of the target's
-/// posted receive requests, claims a cell of its receive CQ's queue and writes the message
-/// there (one cache line); the drainer takes the request, places the bytes and writes both
-/// completions. Called by `post_fast` after every check of the general path; returns false,
-/// having changed nothing, when no receive request is left to reserve (the general path
-/// then decides RNR, after the queued SENDs are drained).
+/// Whether one of the target's posted receive requests is left for a queued SEND to
+/// reserve (`post_mq` takes it). Changes only our cached counts.
 ///
 /// The reservation is a count: the target is an RC QP connected to us, so we are the only
 /// sender consuming its RQ, and our count of reserved requests (from the RQ's `head` when
 /// nothing of ours is in flight) against a cached copy of its `tail` (re-read only when the
 /// copy says none is left) tells whether a request is there, without a locked instruction.
 #[inline(always)]
-fn post_mq(f: &Fabric, st: &mut SqState, wr: &SendWr, src: *mut u8, len: usize, to: &MqTo, rest: usize) -> bool {
-    if st.mq.dest != to.qpn || st.mq.cqn != to.cqn {
-        mq_switch(st, to);
-    }
-    let m = &mut st.mq;
+fn mq_reserve(m: &mut MqSend, rq: &RecvRing) -> bool {
     if m.last == 0 {
         // Nothing of ours is in flight: the RQ's consumed position is where we start.
-        m.rq_next = to.rq.head_pos();
+        m.rq_next = rq.head_pos();
     }
     if m.rq_tail.wrapping_sub(m.rq_next) as i64 <= 0 {
-        m.rq_tail = to.rq.tail_pos();
+        m.rq_tail = rq.tail_pos();
         if m.rq_tail.wrapping_sub(m.rq_next) as i64 <= 0 {
             return false;
         }
     }
+    true
+}
+
+/// Receiver-side delivery of a small RC SEND (`shm::drain`), once [`mq_reserve`] found a
+/// receive request to reserve: claims a cell of the target's receive CQ's queue and writes
+/// the message there (one cache line); the drainer takes the request, places the bytes and
+/// writes both completions. Called by `post_fast` after every check of the general path
+/// (a target with no request left goes to the general path, which decides RNR after the
+/// queued SENDs are drained).
+#[inline(always)]
+fn post_mq(f: &Fabric, st: &mut SqState, wr: &SendWr, src: *mut u8, len: usize, to: &MqTo, rest: usize) -> bool {
     // SENDs held by this post list's earlier WRs (`HeldRecv`) must be published first: the
     // drainer may deliver this one at once.
     publish_held(f, &mut st.held);
@@ -429,16 +439,9 @@ fn post_mq(f: &Fabric, st: &mut SqState, wr: &SendWr, src: *mut u8, len: usize, 
     if wr.flags.contains(SendFlags::SOLICITED) {
         flags |= F_SOLICITED;
     }
-    let mut bytes = [0u8; MQ_PAYLOAD_MAX];
     // `src` was translated for `len` bytes (our MR, or the fabric for INLINE), `post_fast`.
-    read_translated(src, &mut bytes[..len]);
-    let mut words = [0u64; PAYLOAD_WORDS];
-    words[0] = drain::meta(st.qpn, wqe);
-    words[1] = wr.wr_id;
-    for (w, b) in words[META_WORDS..].iter_mut().zip(bytes.chunks_exact(8)) {
-        *w = u64::from_ne_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]);
-    }
-    let n = META_WORDS + len.div_ceil(8);
+    let [p0, p1, p2, p3] = read_translated_words(src, len);
+    let words: [u64; PAYLOAD_WORDS] = [drain::meta(st.qpn, wqe), wr.wr_id, p0, p1, p2, p3];
     let tag = drain::tag(to.idx, flags);
     let imm = if flags & F_IMM != 0 { wr.imm_data } else { 0 };
     // One claim for the rest of the post list: a locked instruction per message would wait
@@ -460,7 +463,7 @@ fn post_mq(f: &Fabric, st: &mut SqState, wr: &SendWr, src: *mut u8, len: usize, 
     // message is undrained (more messages queued than the CQ has entries): drain it ourselves
     // if nobody is (`drain::help`), then write.
     let mut waited = 0;
-    while to.q.write(pos, (META_WORDS * 8 + len) as u32, tag, imm, &words[..n]).is_err() {
+    while to.q.write(pos, (META_WORDS * 8 + len) as u32, tag, imm, &words).is_err() {
         if !mq_wait(f, &to.q, to.cqn, to.pid, &mut waited) {
             // The receiver's process died with the queue full: nothing will drain it. The
             // WQE ends as a send to a dead peer does (RETRY_EXC_ERR, ERROR), and the claims
@@ -522,10 +525,10 @@ fn mq_close_now(f: &Fabric, st: &mut SqState) {
 /// for helping (`CqShared::add_help`).
 #[cold]
 #[inline(never)]
-fn mq_switch(st: &mut SqState, to: &MqTo) {
+fn mq_switch(m: &mut MqSend, send_cq: &super::cq::CqShared, qpn: u32, cqn: u32, q: MsgQueue) {
     // (`mq_close` ran at the end of the last post list, so no claim is left open.)
-    st.mq = MqSend { dest: to.qpn, cqn: to.cqn, q: Some(to.q), ..Default::default() };
-    st.send_cq.add_help(to.cqn);
+    *m = MqSend { dest: qpn, cqn, q: Some(q), ..Default::default() };
+    send_cq.add_help(cqn);
 }
 
 /// The queue was full at our claimed cell: help drain it, or let its drainer run. Returns

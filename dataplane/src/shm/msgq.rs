@@ -210,9 +210,10 @@ impl MsgQueue {
         self.header().tail.fetch_add(n, Ordering::Relaxed)
     }
 
-    /// Writes a message of `len` bytes (the first `len.div_ceil(8)` of `words`, little-endian;
-    /// a length above [`PAYLOAD_MAX`], or above what `words` holds, is cut to it, so no byte
-    /// of an earlier message is ever read as this one's) with `tag` and immediate `imm` at
+    /// Writes a message of `len` bytes (the first `len.div_ceil(8)` of `words`, little-endian,
+    /// are its bytes; the rest of `words` is stored too and never read; a length above
+    /// [`PAYLOAD_MAX`], or above what `words` holds, is cut to it, so no byte of an earlier
+    /// message is ever read as this one's) with `tag` and immediate `imm` at
     /// claimed position `pos`, and publishes it. Refuses, writing nothing, while the cell
     /// still holds the previous lap's message.
     #[inline]
@@ -225,8 +226,10 @@ impl MsgQueue {
         }
         let len = len.min(PAYLOAD_MAX.min(words.len() * 8) as u32);
         c.hdr.store(u64::from(len) | (u64::from(tag) << 16) | (u64::from(imm) << 32), Ordering::Relaxed);
-        let n = (len as usize).div_ceil(8);
-        for (d, &w) in c.data[..n].iter().zip(words) {
+        // Every word given is stored (a caller with a fixed-size array gets unrolled stores
+        // instead of a loop over `len`); the receiver reads only the first
+        // `len.div_ceil(8)`, so words past the message are never read as its bytes.
+        for (d, &w) in c.data.iter().zip(words) {
             d.store(w, Ordering::Relaxed);
         }
         // Release: the header and payload stores above are visible to whoever sees this.

@@ -171,24 +171,30 @@ pub(crate) fn copy_translated(src: *mut u8, dst: *mut u8, len: usize) {
     unsafe { copy_one(src, dst, len) }
 }
 
-/// Reads `out.len()` bytes from `src`, a range translated through the MR table (or checked
-/// against the fabric) for at least that many bytes: a queued message's payload
-/// (`doorbell::post_mq`).
+/// Reads `len` (at most 32) bytes from `src`, a range translated through the MR table (or
+/// checked against the fabric) for at least that many bytes, into four words in native
+/// byte order (the bytes after `len` are zero): a queued message's payload, read straight
+/// into the words of its cell (`doorbell::post_mq`).
 #[inline(always)]
-pub(crate) fn read_translated(src: *const u8, out: &mut [u8]) {
-    // SAFETY: `src` is readable for `out.len()` bytes (the contract above: a pointer
-    // `MrView::translate` or `Fabric::ptr` returned for that length); `out` is our own
-    // buffer, so the two cannot overlap.
-    unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), out.len()) }
+pub(crate) fn read_translated_words(src: *const u8, len: usize) -> [u64; 4] {
+    let mut w = [0u64; 4];
+    let len = len.min(std::mem::size_of_val(&w));
+    // SAFETY: `src` is readable for `len` bytes (the contract above); `w` is our own 32
+    // bytes, `len` is cut to that, and the two cannot overlap.
+    unsafe { super::cell::copy_one(src, w.as_mut_ptr() as *mut u8, len) };
+    w
 }
 
-/// Writes `bytes` to `dst`, a receive buffer translated through the MR table for at least
-/// `bytes.len()` bytes (`recv_dst`): a queued message's payload placed by its drainer.
+/// Writes the first `len` bytes of `words` (native byte order; `len` is cut to what they
+/// hold) to `dst`, a receive buffer translated through the MR table for at least `len`
+/// bytes (`recv_dst`): a queued message's payload placed by its drainer.
 #[inline(always)]
-pub(crate) fn write_translated(dst: *mut u8, bytes: &[u8]) {
-    // SAFETY: `dst` is writable for `bytes.len()` bytes (the contract above) and `bytes` is
-    // readable for as many; `copy_one` is `ptr::copy` with inline small lengths.
-    unsafe { super::cell::copy_one(bytes.as_ptr(), dst, bytes.len()) }
+pub(crate) fn write_translated_words(dst: *mut u8, words: &[u64], len: usize) {
+    let len = len.min(std::mem::size_of_val(words));
+    // SAFETY: `dst` is writable for `len` bytes (the contract above); `words` is readable
+    // for `len` bytes (cut to its size above); `copy_one` is `ptr::copy` with inline small
+    // lengths.
+    unsafe { super::cell::copy_one(words.as_ptr() as *const u8, dst, len) }
 }
 
 /// Copies the first `out.len()` bytes of the gather list into `out`.
