@@ -5,7 +5,7 @@
 //! address handle's encoding (`AH_*`) and a port's GID (`gid`). Taking a receive request off
 //! the target's queue (`take_recv`, `srq_take_held`) is the destination's last step.
 
-use super::cq::has_channel;
+use super::complete::has_channel;
 use super::fabric::{pid_alive, Fabric};
 use super::layout::*;
 use super::mr::mr_lookup;
@@ -28,12 +28,12 @@ pub(crate) struct DestView {
     pub(crate) srq: Option<SrqView>,
     pub(crate) cq: CqRing,
     pub(crate) cqn: u32,
-    /// Whether the receive CQ has a completion channel (`cq::has_channel`).
+    /// Whether the receive CQ has a completion channel (`complete::has_channel`).
     pub(crate) cq_channel: bool,
     /// The receive CQ's message queue, when small SENDs to this target go through it: an
     /// RC target with its own RQ whose CQ has one (`shm::drain`).
     pub(crate) mq: Option<super::msgq::MsgQueue>,
-    /// Our cached view of the receive CQ's consumer position (`cq::push_cqe`).
+    /// Our cached view of the receive CQ's consumer position (`complete::push_cqe`).
     pub(crate) cq_head: std::cell::Cell<u64>,
     /// One-sided operations since the owner's liveness was last checked ([`Self::owner_died`]).
     pub(crate) one_sided: std::cell::Cell<u32>,
@@ -111,9 +111,9 @@ pub(crate) fn resolve_dest(f: &Fabric, qpn: u32) -> Option<DestView> {
         Some(tm) => tm.cqn,
         None => s.recv_cqn.load(Ordering::Relaxed),
     };
-    let cq = super::cq::cq_ring(f, cqn)?;
+    let cq = super::complete::cq_ring(f, cqn)?;
     let cq_channel = has_channel(f, cqn);
-    let mq = if qp_type == QpType::Rc && rq.is_some() && !cq_channel { super::drain::cq_msgq(f, cqn) } else { None };
+    let mq = if qp_type == QpType::Rc && rq.is_some() && !cq_channel { super::complete::cq_msgq(f, cqn) } else { None };
     let v = DestView {
         qpn,
         idx,
@@ -162,7 +162,7 @@ pub(crate) fn resolve_xrc(f: &Fabric, tgt: &DestView, srqn: u32) -> Option<DestV
         return None;
     }
     let cqn = ss.cqn.load(Ordering::Relaxed);
-    let cq = super::cq::cq_ring(f, cqn)?;
+    let cq = super::complete::cq_ring(f, cqn)?;
     if ss.srqn.load(Ordering::Acquire) != srqn {
         return None;
     }

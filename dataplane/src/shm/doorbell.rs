@@ -525,7 +525,7 @@ fn mq_close_now(f: &Fabric, st: &mut SqState) {
 /// for helping (`CqShared::add_help`).
 #[cold]
 #[inline(never)]
-fn mq_switch(m: &mut MqSend, send_cq: &super::cq::CqShared, qpn: u32, cqn: u32, q: MsgQueue) {
+fn mq_switch(m: &mut MqSend, send_cq: &super::complete::CqShared, qpn: u32, cqn: u32, q: MsgQueue) {
     // (`mq_close` ran at the end of the last post list, so no claim is left open.)
     *m = MqSend { dest: qpn, cqn, q: Some(q), ..Default::default() };
     send_cq.add_help(cqn);

@@ -2,20 +2,20 @@
 //! travels as one cell of its receive CQ's message queue (`shm::msgq`), and whoever drains
 //! that queue (the CQ's own poll, or a sender helping a receiver that does not poll) takes
 //! the receive request, places the bytes and writes both completions. This module is the
-//! drainer's side: the cell's record (`encode`), the queue of a CQ (`cq_msgq`), one message's
-//! delivery (`take`) and the helpers' drain (`help`). The sender's side is
+//! drainer's side: the cell's record ([`tag`], [`meta`]), one message's delivery (`take`)
+//! and the helpers' drain (`help`); a CQ's queue is found by `complete::cq_msgq`. The sender's side is
 //! `doorbell::post_mq`.
 //!
 //! Which SENDs take it is [`Mode`] (`DATAPLANE_SHM_MSGQ`; by default those of post lists).
 //! A CQ with a completion channel gets no queue (the channel's wake-ups would have to drain
 //! too; not built).
 
-use super::cq::{cq_ring, has_channel, push_cqe_to, Cqe};
+use super::complete::{cq_ring, has_channel, push_cqe_to, Cqe};
 use super::dest::{dest, DestView};
 use super::exec::{deliver_taken, responder_failed, Sender};
 use super::fabric::Fabric;
 use super::layout::*;
-use super::msgq::{Delivered, MsgQueue, ALIGN, PAYLOAD_WORDS};
+use super::msgq::{Delivered, MsgQueue, PAYLOAD_WORDS};
 use super::place::{recv_dst, write_translated_words, Seg};
 use super::qp_error::to_error;
 use super::recvq::{self, RecvEntry};
@@ -82,29 +82,6 @@ pub(crate) fn mode() -> Mode {
         Ok("all") => Mode::All,
         _ => Mode::Lists,
     })
-}
-
-/// Largest queue a CQ slot may name: a corrupt `mq_cells` must not make a huge view.
-const MAX_CELLS: u32 = 1 << 20;
-
-/// The message queue of CQ `cqn`, if it has one.
-pub(crate) fn cq_msgq(f: &Fabric, cqn: u32) -> Option<MsgQueue> {
-    let s = super::cq::live_slot(f, cqn)?;
-    let (off, cells) = (s.mq_off.load(Ordering::Relaxed), s.mq_cells.load(Ordering::Relaxed));
-    if off == 0 || !cells.is_power_of_two() || !(2..=MAX_CELLS).contains(&cells) {
-        return None;
-    }
-    let p = f.ptr(off, MsgQueue::bytes(cells as usize) as u64)?;
-    if p as usize % ALIGN != 0 {
-        return None;
-    }
-    // SAFETY: `Fabric::ptr` checked that the range lies inside the mapped arena, which stays
-    // mapped while the fabric (held by every caller's context) lives; it is aligned (checked)
-    // and the CQ's creator initialised a queue of `cells` cells there before publishing the
-    // CQ number (a peer that scribbled the slot can only make us read arena bytes as cells,
-    // which the queue's masked indexing keeps inside the range).
-    let q = unsafe { MsgQueue::attach(p, cells as usize) };
-    (s.cqn.load(Ordering::Acquire) == cqn).then_some(q)
 }
 
 /// The sender of a queued message as its drainer needs it: identity and send CQ.
@@ -513,7 +490,7 @@ pub(crate) mod tests {
         let mut p = pair("mq-help");
         p.b.post_recv(&RecvChain::one(1, &[Sge::new(p.mr.addr() + 1024, 64, p.mr.lkey())])).unwrap();
         p.a.post_send(&SendChain::one(SendWr::send(9).signaled(), &[Sge::new(p.mr.addr(), 8, p.mr.lkey())])).unwrap();
-        let sc = poll_one(&mut p.sa, 10 * super::super::cq::HELP_EVERY).expect("a helping drain ran");
+        let sc = poll_one(&mut p.sa, 10 * super::super::complete::HELP_EVERY).expect("a helping drain ran");
         assert_eq!((sc.wr_id, sc.status), (9, WcStatus::Success));
         assert_eq!(p.rb.len(), 1, "the receive completion went into the ring");
         assert_eq!(poll_one(&mut p.rb, 1).map(|w| w.wr_id), Some(1));

@@ -3,7 +3,7 @@
 //! operations (SEND, WRITE, READ, atomics, memory windows), `exec_ud` and `exec_mcast`
 //! datagrams, `exec_raw` RAW_PACKET frames through the L2 switch. The responder's side is here
 //! too: `deliver` takes a receive request at the destination (`dest.rs`), places the bytes
-//! (`place.rs`) and writes the receiver's completion (`cq.rs`), or decides RNR (RC, no
+//! (`place.rs`) and writes the receiver's completion (`complete.rs`), or decides RNR (RC, no
 //! receive posted), the silent drop (UC, UD) or the error that moves both QPs to ERROR (a
 //! receive too small, a bad receive SGE); `tm_match` runs tag matching.
 //!
@@ -11,7 +11,7 @@
 //! length that comes from shared memory (a peer's receive request, an rkey) is checked against
 //! the MR table and the fabric bounds before a byte moves.
 
-use super::cq::{after_push, push_cqe_to, push_inline_recv_to, Cqe};
+use super::complete::{after_push, push_cqe_to, push_inline_recv_to, Cqe};
 use super::dest::*;
 use super::fabric::{atomic_u64_at, Fabric};
 use super::layout::*;

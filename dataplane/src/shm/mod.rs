@@ -14,6 +14,7 @@
 
 mod cell;
 mod channel;
+mod complete;
 mod cq;
 mod dest;
 mod doorbell;

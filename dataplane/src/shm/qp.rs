@@ -5,7 +5,7 @@
 //! a WQE occupies its slot from `post_send` until a completion of it (or of a later WQE of the
 //! same QP) is polled, so selective signaling fills the queue exactly as on a real NIC.
 
-use super::cq::CqShared;
+use super::complete::CqShared;
 use super::layout::*;
 use super::mr::PdInner;
 use super::qp_error::{flush_rq, to_error};

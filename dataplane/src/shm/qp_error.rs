@@ -2,7 +2,7 @@
 //! the error, or the owner), with what the verbs spec says follows: its receive queue is
 //! flushed, or, on an SRQ, its owner gets `IBV_EVENT_QP_LAST_WQE_REACHED`.
 
-use super::cq::{cq_ring, push_cqe, Cqe};
+use super::complete::{cq_ring, push_cqe, Cqe};
 use super::fabric::Fabric;
 use super::layout::*;
 use super::recvq::{self, RecvEntry, MAX_SGE};

@@ -3,7 +3,7 @@
 //! sender's own completions (`complete`). The doorbell and the execution stages work on it;
 //! it calls only downward (completion, the QP table).
 
-use super::cq::{push_cqe_to, CqShared, Cqe};
+use super::complete::{push_cqe_to, CqShared, Cqe};
 use super::dest::{DestView, McastDests};
 use super::fabric::Fabric;
 use super::layout::*;
@@ -172,7 +172,7 @@ pub(crate) struct Pending {
 pub(crate) struct SqState {
     pub(crate) ctx: Arc<CtxInner>,
     pub(crate) send_cq: Arc<CqShared>,
-    /// Our cached view of the send CQ's consumer position (`cq::push_cqe`).
+    /// Our cached view of the send CQ's consumer position (`complete::push_cqe`).
     pub(crate) send_cq_head: std::cell::Cell<u64>,
     pub(crate) qpn: u32,
     pub(crate) idx: usize,

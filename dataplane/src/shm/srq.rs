@@ -30,7 +30,7 @@ pub(crate) struct SrqShared {
     tm_max_ops: u32,
     /// An XRC SRQ's CQ, kept alive while the SRQ may complete on it (its domain and CQ number
     /// are in the slot, where senders read them).
-    _xrc_cq: Option<Arc<super::cq::CqShared>>,
+    _xrc_cq: Option<Arc<super::complete::CqShared>>,
 }
 
 impl Drop for SrqShared {
@@ -75,7 +75,7 @@ impl ShmSrq {
         pd: u32,
         attr: &SrqAttr,
         xrcd: u32,
-        cq: Arc<super::cq::CqShared>,
+        cq: Arc<super::complete::CqShared>,
     ) -> Result<ShmSrq> {
         Self::create_with(ctx, pd, attr, None, 0, Some((xrcd, cq)))
     }
@@ -100,7 +100,7 @@ impl ShmSrq {
         attr: &SrqAttr,
         tm: Option<(u32, u32)>,
         tm_max_ops: u32,
-        xrc: Option<(u32, Arc<super::cq::CqShared>)>,
+        xrc: Option<(u32, Arc<super::complete::CqShared>)>,
     ) -> Result<ShmSrq> {
         let caps = ctx.caps;
         if attr.max_wr == 0 || attr.max_wr > caps.max_srq_wr {

@@ -9,7 +9,7 @@
 //! operation instead of waiting forever. Tag matching is its own path; plain SRQs never touch
 //! it.
 
-use super::cq::{cq_ring, push_cqe, Cqe};
+use super::complete::{cq_ring, push_cqe, Cqe};
 use super::fabric::{pid_lock, Fabric, LockStuck};
 use super::recvq::{self, MAX_SGE};
 use crate::verbs::*;
