@@ -30,9 +30,8 @@ fn imports() -> BTreeMap<String, BTreeSet<String>> {
         if name == "mod" {
             continue;
         }
-        let code = src.split("#[cfg(test)]").next().unwrap_or(src);
         let mut deps = BTreeSet::new();
-        for line in code.lines().filter(|l| !l.trim_start().starts_with("//")) {
+        for line in non_test_lines(src).filter(|l| !l.trim_start().starts_with("//")) {
             let mut rest = line;
             while let Some(i) = rest.find("super::") {
                 rest = &rest[i + "super::".len()..];
@@ -45,6 +44,46 @@ fn imports() -> BTreeMap<String, BTreeSet<String>> {
         graph.insert(name.clone(), deps);
     }
     graph
+}
+
+/// The lines of `src` outside its test modules: a `#[cfg(...test...)]` attribute followed by
+/// a `mod` item drops that module, to its closing brace (counted; the provider's sources
+/// keep braces balanced outside character literals). A test-only attribute on anything else
+/// drops nothing, so at worst a test-only import counts as an edge.
+fn non_test_lines(src: &str) -> impl Iterator<Item = &str> {
+    let lines: Vec<&str> = src.lines().collect();
+    let mut keep = Vec::with_capacity(lines.len());
+    let mut i = 0;
+    while i < lines.len() {
+        let t = lines[i].trim_start();
+        let next = lines.get(i + 1).map_or("", |l| l.trim_start());
+        let is_mod = ["mod ", "pub mod ", "pub(crate) mod "].iter().any(|p| next.starts_with(p));
+        if t.starts_with("#[cfg(") && t.contains("test") && is_mod {
+            let mut depth = 0i64;
+            let mut opened = false;
+            i += 1;
+            while i < lines.len() {
+                for c in lines[i].chars() {
+                    match c {
+                        '{' => {
+                            depth += 1;
+                            opened = true;
+                        }
+                        '}' => depth -= 1,
+                        _ => {}
+                    }
+                }
+                i += 1;
+                if opened && depth <= 0 {
+                    break;
+                }
+            }
+            continue;
+        }
+        keep.push(lines[i]);
+        i += 1;
+    }
+    keep.into_iter()
 }
 
 #[test]
@@ -109,4 +148,14 @@ fn the_reader_sees_the_imports_it_checks() {
     assert!(graph["doorbell"].contains("exec"), "doorbell uses exec: {:?}", graph["doorbell"]);
     assert!(graph["exec"].contains("complete"), "exec uses complete: {:?}", graph["exec"]);
     assert!(!graph["complete"].contains("cq"), "the completion stage does not use the CQ object");
+    // Code after a test-only item in the middle of a file is still read (wire.rs has a
+    // test-only import above its real ones; drain.rs a test-only branch in `mode`).
+    assert!(graph["wire"].contains("ring"), "wire uses ring: {:?}", graph["wire"]);
+    assert!(graph["drain"].contains("recvq"), "drain uses recvq: {:?}", graph["drain"]);
+    // And test modules are left out, whatever their cfg (msgq has three).
+    let msgq = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/shm/msgq.rs")).expect("msgq");
+    for m in ["mod test_mem", "mod tests", "mod loom_tests"] {
+        assert!(non_test_lines(&msgq).all(|l| !l.contains(m)), "msgq's `{m}` is left out");
+    }
+    assert!(non_test_lines(&msgq).any(|l| l.contains("pub fn write(")), "msgq's own code is kept");
 }
