@@ -47,12 +47,6 @@ pub(crate) struct CqShared {
     pub(crate) _channel: Option<Arc<super::channel::ChannelInner>>,
 }
 
-impl CqShared {
-    pub(crate) fn fabric(&self) -> &Fabric {
-        &self.ctx.fabric
-    }
-}
-
 impl Drop for CqShared {
     fn drop(&mut self) {
         let f = &self.ctx.fabric;
@@ -82,6 +76,10 @@ pub(crate) const HELP_SLOTS: usize = 8;
 pub(crate) const HELP_EVERY: u32 = 64;
 
 impl CqShared {
+    pub(crate) fn fabric(&self) -> &Fabric {
+        &self.ctx.fabric
+    }
+
     /// Remembers receive CQ `cqn`'s queue as one this CQ's polls help drain (cold: once per
     /// QP and destination).
     #[cold]

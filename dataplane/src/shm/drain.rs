@@ -3,8 +3,8 @@
 //! that queue (the CQ's own poll, or a sender helping a receiver that does not poll) takes
 //! the receive request, places the bytes and writes both completions. This module is the
 //! drainer's side: the cell's record ([`tag`], [`meta`]), one message's delivery (`take`)
-//! and the helpers' drain (`help`); a CQ's queue is found by `complete::cq_msgq`. The sender's side is
-//! `doorbell::post_mq`.
+//! and the helpers' drain (`help`); a CQ's queue is found by `complete::cq_msgq`. The
+//! sender's side is `doorbell::post_mq`.
 //!
 //! Which SENDs take it is [`Mode`] (`DATAPLANE_SHM_MSGQ`; by default those of post lists).
 //! A CQ with a completion channel gets no queue (the channel's wake-ups would have to drain
