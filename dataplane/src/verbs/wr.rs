@@ -358,6 +358,14 @@ macro_rules! chain {
                 &self.sges[wr.sge_start as usize..(wr.sge_start + wr.num_sge) as usize]
             }
 
+            /// The scatter/gather list of the request at `i`, writable: a chain built once can
+            /// be re-aimed between posts (new addresses, same number of entries), as verbs
+            /// users rewrite `sg_list` in place.
+            pub fn sges_mut(&mut self, i: usize) -> &mut [Sge] {
+                let wr = &self.wrs[i];
+                &mut self.sges[wr.sge_start as usize..(wr.sge_start + wr.num_sge) as usize]
+            }
+
             /// The scatter/gather list of `wr`, which must belong to this chain.
             pub fn sges_of(&self, wr: &$wr) -> &[Sge] {
                 &self.sges[wr.sge_start as usize..(wr.sge_start + wr.num_sge) as usize]
