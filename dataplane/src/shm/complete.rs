@@ -11,7 +11,8 @@ use super::msgq::{MsgQueue, ALIGN};
 use super::wire::CqRing;
 use super::CtxInner;
 use crate::verbs::{WcStatus, WorkCompletion};
-use std::sync::atomic::{AtomicU32, Ordering};
+use crossbeam_utils::CachePadded;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// A CQE as it travels through the ring: a [`WorkCompletion`] plus the send-queue index it
@@ -45,6 +46,12 @@ pub(crate) struct CqShared {
     pub(crate) help: [AtomicU32; HELP_SLOTS],
     /// Keeps the completion channel alive while the CQ may signal it.
     pub(crate) _channel: Option<Arc<super::channel::ChannelInner>>,
+    /// Polls of this CQ that returned completions (written by its one poller, `ShmCq::poll`,
+    /// with a plain load and store). A QP whose receive CQ this is compares it at each post:
+    /// unchanged means it received nothing since its previous post, the mark of a sender
+    /// that streams rather than answers (`drain::Mode::Auto`). In its own line: the poller
+    /// writes it, a poster on another thread may read it.
+    pub(crate) polled: CachePadded<AtomicU64>,
 }
 
 impl Drop for CqShared {

@@ -137,6 +137,7 @@ impl ShmCq {
                 mq_range,
                 help: Default::default(),
                 _channel: channel.map(|c| c.inner.clone()),
+                polled: Default::default(),
             }),
             drain: DrainCache::default(),
             empty_polls: 0,
@@ -279,6 +280,9 @@ impl crate::provider::Cq for ShmCq {
         if n == 0 {
             return self.poll_empty();
         }
+        // This poll is the counter's only writer (`&mut self`): no locked instruction.
+        let polled = &self.shared.polled;
+        polled.store(polled.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
         Ok(n)
     }
 

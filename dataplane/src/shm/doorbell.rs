@@ -131,6 +131,13 @@ pub(crate) fn post_send(f: &Fabric, st: &mut SqState, chain: &SendChain) -> std:
             st.flush_pending();
         }
     }
+    if st.mq_auto {
+        // Streaming: nothing arrived on our receive CQ since our previous post (one load of
+        // a counter its poller keeps; `drain::Mode::Auto`).
+        let polled = st.recv_cq.polled.load(Ordering::Relaxed);
+        st.mq_stream = polled == st.recv_polled_seen;
+        st.recv_polled_seen = polled;
+    }
     let mut retired = st.slot().sq_retired.load(Ordering::Acquire);
     let last = chain.wrs().len().saturating_sub(1);
     for (i, wr) in chain.wrs().iter().enumerate() {
@@ -243,13 +250,14 @@ pub(crate) fn post_fast<const XRC: bool>(
         d
     };
     // A small RC SEND to a target whose receive CQ has a message queue goes through it, if
-    // it is part of a post list or follows queued ones (or `Mode::All`): its receiver (or a
-    // helper) delivers it (`post_mq`). A lone post stays here, where the sender does the
-    // receiver's work and the receiver's poll is short (`drain::Mode`).
+    // it is part of a post list, follows queued ones, or is a lone post of a streaming QP
+    // (or `Mode::All`): its receiver (or a helper) delivers it (`post_mq`). Any other lone
+    // post stays here, where the sender does the receiver's work and the receiver's poll is
+    // short (`drain::Mode`).
     if !XRC
         && is_send
         && len <= MQ_PAYLOAD_MAX
-        && (rest > 0 || st.mq.last != 0 || st.mq_every)
+        && (rest > 0 || st.mq.last != 0 || st.mq_every || st.mq_stream)
         && !st.send_cq.has_channel
     {
         if let (Some(q), Some(rq)) = (d.mq, &d.rq) {

@@ -6,7 +6,8 @@
 //! and the helpers' drain (`help`); a CQ's queue is found by `complete::cq_msgq`. The
 //! sender's side is `doorbell::post_mq`.
 //!
-//! Which SENDs take it is [`Mode`] (`DATAPLANE_SHM_MSGQ`; by default those of post lists).
+//! Which SENDs take it is [`Mode`] (`DATAPLANE_SHM_MSGQ`; by default those of post lists and
+//! the lone SENDs of a QP that streams).
 //! A CQ with a completion channel gets no queue (the channel's wake-ups would have to drain
 //! too; not built).
 
@@ -57,16 +58,22 @@ pub(crate) fn meta(src_qpn: u32, wqe: u32) -> u64 {
 }
 
 /// Which SENDs take receiver-side delivery, from `DATAPLANE_SHM_MSGQ` (read once per
-/// process): `0` none (CQs get no queue), `all` every small RC SEND, anything else (the
-/// default) the SENDs of post lists of two or more WRs, and every later one of a QP with
-/// queued SENDs in flight (they must not be overtaken). Why the default leaves single posts
-/// to the sender-side path: a queued message moves the request's take and checks to the
-/// receiver's poll, which is the critical path of a ping-pong (`send_lat` 8 B: 0.14 vs
-/// 0.17 us), while a post list pays one claim for all its messages (docs/shm-provider.md).
+/// process): `0` none (CQs get no queue), `all` every small RC SEND, `lists` the SENDs of
+/// post lists of two or more WRs and every later one of a QP with queued SENDs in flight
+/// (they must not be overtaken), anything else (the default, `Auto`) those and also the
+/// lone SENDs of a QP that received nothing since its previous post.
+///
+/// Why a lone SEND of a QP that receives stays on the sender-side path: a queued message
+/// moves the request's take and checks to the receiver's poll, which is the critical path
+/// of a ping-pong (`send_lat` 8 B: 0.14 vs 0.17 us). A QP that posts again without having
+/// received anything is streaming: there the receiver doing its own half of the work is
+/// what raises the rate (`send_bw -l 1`: 1.1-1.3x, docs/shm-provider.md), and a post list
+/// pays one claim for all its messages.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum Mode {
     Off,
     Lists,
+    Auto,
     All,
 }
 
@@ -80,7 +87,8 @@ pub(crate) fn mode() -> Mode {
     *MODE.get_or_init(|| match std::env::var("DATAPLANE_SHM_MSGQ").as_deref() {
         Ok("0") => Mode::Off,
         Ok("all") => Mode::All,
-        _ => Mode::Lists,
+        Ok("lists") => Mode::Lists,
+        _ => Mode::Auto,
     })
 }
 
@@ -414,12 +422,18 @@ pub(crate) mod tests {
         a: ShmQp,
         b: ShmQp,
         sa: ShmCq,
+        ra: ShmCq,
         rb: ShmCq,
         mr: crate::shm::ShmMr,
     }
 
     fn pair(name: &str) -> Pair {
-        FORCE.with(|f| f.set(Some(super::Mode::All)));
+        pair_in(name, super::Mode::All)
+    }
+
+    /// [`pair`] with its CQs and QPs in `mode`.
+    fn pair_in(name: &str, mode: super::Mode) -> Pair {
+        FORCE.with(|f| f.set(Some(mode)));
         let ctx = unit_context(name);
         let pd = ctx.alloc_pd().unwrap();
         let (sa, ra, sb, rb) = (
@@ -447,7 +461,53 @@ pub(crate) mod tests {
             q.modify(&QpAttr { state: QpState::Rts, ..Default::default() }).unwrap();
         }
         FORCE.with(|f| f.set(None));
-        Pair { _ctx: ctx, a, b, sa, rb, mr }
+        let _ = sb;
+        Pair { _ctx: ctx, a, b, sa, ra, rb, mr }
+    }
+
+    /// `Mode::Auto`: a QP that posts again without having received anything streams, and
+    /// its lone SEND takes the queue; its first one, with nothing to compare, does not.
+    #[test]
+    fn auto_queues_the_lone_sends_of_a_streaming_qp() {
+        let mut p = pair_in("mq-auto-stream", super::Mode::Auto);
+        let q = p.rb.shared.mq.expect("the receive CQ has a queue");
+        for i in 0..3 {
+            p.b.post_recv(&RecvChain::one(i, &[Sge::new(p.mr.addr() + 1024 + i * 64, 64, p.mr.lkey())])).unwrap();
+        }
+        let send = |p: &mut Pair, id| {
+            p.a.post_send(&SendChain::one(SendWr::send(id).signaled(), &[Sge::new(p.mr.addr(), 8, p.mr.lkey())]))
+                .unwrap()
+        };
+        send(&mut p, 10);
+        assert!(!q.ready() && p.rb.len() == 1, "the first lone SEND is delivered by its sender");
+        send(&mut p, 11);
+        assert!(q.ready(), "the second, with nothing received in between, is queued");
+        send(&mut p, 12);
+        let ids: Vec<u64> = (0..3).filter_map(|_| poll_one(&mut p.rb, 10)).map(|w| w.wr_id).collect();
+        assert_eq!(ids, [0, 1, 2], "receive completions in posting order");
+        let sent: Vec<u64> = (0..3).filter_map(|_| poll_one(&mut p.sa, 10)).map(|w| w.wr_id).collect();
+        assert_eq!(sent, [10, 11, 12], "send completions in posting order");
+    }
+
+    /// `Mode::Auto`: a QP that received since its previous post answers (a ping-pong), and
+    /// its lone SEND keeps the sender-side path, whose receiver's poll is short.
+    #[test]
+    fn auto_keeps_the_sender_side_path_for_a_qp_that_receives() {
+        let mut p = pair_in("mq-auto-answer", super::Mode::Auto);
+        let q = p.rb.shared.mq.expect("the receive CQ has a queue");
+        let sge = |p: &Pair, at| Sge::new(p.mr.addr() + at, 64, p.mr.lkey());
+        for i in 0..2 {
+            p.b.post_recv(&RecvChain::one(i, &[sge(&p, 1024 + i * 64)])).unwrap();
+        }
+        p.a.post_recv(&RecvChain::one(50, &[sge(&p, 2048)])).unwrap();
+        p.a.post_send(&SendChain::one(SendWr::send(10), &[Sge::new(p.mr.addr(), 8, p.mr.lkey())])).unwrap();
+        assert_eq!(poll_one(&mut p.rb, 10).map(|w| w.wr_id), Some(0));
+        // B answers; A's poll of its receive CQ finds the answer before A posts again.
+        p.b.post_send(&SendChain::one(SendWr::send(20), &[Sge::new(p.mr.addr(), 8, p.mr.lkey())])).unwrap();
+        assert_eq!(poll_one(&mut p.ra, 10).map(|w| w.wr_id), Some(50));
+        p.a.post_send(&SendChain::one(SendWr::send(11), &[Sge::new(p.mr.addr(), 8, p.mr.lkey())])).unwrap();
+        assert!(!q.ready() && p.rb.len() == 1, "the answer's SEND was delivered by its sender");
+        assert_eq!(poll_one(&mut p.rb, 10).map(|w| w.wr_id), Some(1));
     }
 
     fn write_bytes(mr: &crate::shm::ShmMr, at: u64, bytes: &[u8]) {

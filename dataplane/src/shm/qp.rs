@@ -274,6 +274,10 @@ impl ShmQp {
             held: super::sq::Held::new(),
             mq: Default::default(),
             mq_every: super::drain::mode() == super::drain::Mode::All,
+            mq_auto: super::drain::mode() == super::drain::Mode::Auto,
+            recv_cq: recv_cq.clone(),
+            recv_polled_seen: u64::MAX,
+            mq_stream: false,
         };
         let sq = Arc::new_cyclic(|me: &Weak<SqCell>| {
             let mut st = st;

@@ -212,6 +212,16 @@ pub(crate) struct SqState {
     pub(crate) mq: MqSend,
     /// Every small SEND takes it (`drain::Mode::All`), not only post lists'.
     pub(crate) mq_every: bool,
+    /// Lone SENDs take it while this QP streams (`drain::Mode::Auto`).
+    pub(crate) mq_auto: bool,
+    /// This QP's receive CQ, whose [`CqShared::polled`] tells whether it received since
+    /// its previous post.
+    pub(crate) recv_cq: Arc<CqShared>,
+    /// `recv_cq.polled` at our previous post.
+    pub(crate) recv_polled_seen: u64,
+    /// Set by each `post_send` (`Mode::Auto`): nothing was received since the previous
+    /// post, so a lone SEND takes the queue.
+    pub(crate) mq_stream: bool,
 }
 
 impl SqState {
