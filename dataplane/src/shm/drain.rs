@@ -461,7 +461,6 @@ pub(crate) mod tests {
             q.modify(&QpAttr { state: QpState::Rts, ..Default::default() }).unwrap();
         }
         FORCE.with(|f| f.set(None));
-        let _ = sb;
         Pair { _ctx: ctx, a, b, sa, ra, rb, mr }
     }
 
