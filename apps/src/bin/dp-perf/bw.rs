@@ -66,10 +66,10 @@ pub fn wr_for(
 
 /// Re-aims `wr`, built by [`wr_for`] for another operation of the same test, QP and size, at
 /// operation `i` (`id` its wr_id): what differs between them is the wr_id, the remote slot
-/// of an RDMA WRITE or READ, and whether it is signaled.
-fn aim(test: Test, wr: &mut SendWr, id: u64, i: u64, server: &Remote, signaled: bool) {
+/// of an RDMA WRITE or READ (read off the WR's opcode), and whether it is signaled.
+fn aim(wr: &mut SendWr, id: u64, i: u64, server: &Remote, signaled: bool) {
     wr.wr_id = id;
-    if matches!(test, Test::write_bw | Test::write_lat | Test::read_bw | Test::read_lat) {
+    if matches!(wr.opcode, WrOpcode::RdmaWrite | WrOpcode::RdmaRead) {
         wr.remote_addr = server.addr(i);
     }
     wr.flags.set(SendFlags::SIGNALED, signaled);
@@ -153,9 +153,9 @@ pub fn run_client<P: Provider>(
     // One chain per QP, built once and re-aimed in place for every full post list, as
     // perftest posts its prepared `ibv_send_wr` lists: rebuilding each WR per post cost the
     // sender ~35 instructions per message (a quarter of its time at 8 B, `perf`), charged to
-    // the transport under test. A shorter tail list is built afresh.
+    // the transport under test. A chain holding fewer than `pl` WRs (none yet, or a shorter
+    // tail list) is built afresh.
     let mut chains: Vec<SendChain> = (0..nq).map(|_| SendChain::with_capacity(pl as usize, pl as usize)).collect();
-    let mut built = vec![false; nq];
     let mut wc = [WorkCompletion::default(); 64];
     let (mut posted, mut done, mut limit) = (vec![0u64; nq], vec![0u64; nq], vec![per_qp; nq]);
     let mut total = 0u64;
@@ -172,10 +172,10 @@ pub fn run_client<P: Provider>(
                 // Every cq_mod-th and the last: completions retire everything before them.
                 let signaled = |i: u64| (i + 1) % cq_mod == 0 || i + 1 == limit[q];
                 let chain = &mut chains[q];
-                if k == pl && built[q] {
+                if k == pl && chain.len() == pl as usize {
                     for j in 0..k as usize {
                         let i = posted[q] + j as u64;
-                        aim(test, &mut chain.wrs_mut()[j], wr_id(q, i), i, s, signaled(i));
+                        aim(&mut chain.wrs_mut()[j], wr_id(q, i), i, s, signaled(i));
                         chain.sges_mut(j)[0].addr = c.addr(i);
                     }
                 } else {
@@ -188,7 +188,6 @@ pub fn run_client<P: Provider>(
                         }
                         chain.push(wr, &[c.sge(i, len)]);
                     }
-                    built[q] = k == pl;
                 }
                 match c.qps[q].post_send(chain) {
                     Ok(()) => posted[q] += k,
@@ -251,7 +250,7 @@ mod tests {
                 if !signaled {
                     wr = wr.signaled();
                 }
-                aim(test, &mut wr, wr_id(2, 6), 6, &server, signaled);
+                aim(&mut wr, wr_id(2, 6), 6, &server, signaled);
                 let mut want = wr_for(test, wr_id(2, 6), 6, 64, inline, None, &server);
                 if signaled {
                     want = want.signaled();
