@@ -151,6 +151,12 @@ pub struct Args {
     /// Receive queue depth per QP (or of the SRQ).
     #[arg(short = 'r', long = "rx-depth", default_value_t = 512)]
     pub rx_depth: u32,
+    /// Bytes of buffer each end cycles its messages through, as perftest's `cycle_buffer` (the
+    /// page size): messages of at most half of it go to successive 64-byte-aligned slots
+    /// within it, larger ones alternate between two slots. 0: one slot per queue entry
+    /// (`max(-t, -r)` of them, at most 64 MiB; dp-perf's layout before session 22).
+    #[arg(long = "cycle-buffer", default_value_t = 4096)]
+    pub cycle_buffer: u64,
     /// Signal every Nth send (selective signaling).
     #[arg(short = 'Q', long = "cq-mod", default_value_t = 100)]
     pub cq_mod: u32,

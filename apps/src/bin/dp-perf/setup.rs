@@ -13,8 +13,8 @@ use dataplane::{Ah, Context, Mr, Pd, Provider, Qp, QpInitAttr, Srq, Xrcd};
 /// Q_Key used for UD.
 pub const QKEY: u32 = 0x1111_1111;
 
-/// Registered memory per end is capped near this (perftest also cycles through one buffer):
-/// large messages get fewer slots, reused round robin.
+/// Registered memory per end is capped near this (a large `--cycle-buffer`, or 0 with deep
+/// queues, gets fewer slots, reused round robin).
 const MEM_CAP: u64 = 64 << 20;
 
 /// What differs between providers. The objects of one end move to its test thread.
@@ -96,10 +96,21 @@ pub fn slot_len(size: u64) -> std::result::Result<u64, String> {
         .ok_or_else(|| format!("a {size}-byte message does not fit a buffer slot"))
 }
 
-/// Number of slots of `slot` bytes: one per queue entry, at most [`MEM_CAP`] bytes.
+/// Number of slots of `slot` bytes. As perftest: messages whose slot fits twice in
+/// `--cycle-buffer` cycle through it (`cycle_buffer / slot` slots), larger ones reuse one
+/// buffer (two slots here: `send_lat` sends from slot 1 into the peer's slot 0). Both peer
+/// tools reuse a few hot buffers like this (perftest's `increase_loc_addr` within the page,
+/// ucx_perftest's single send and receive buffer), so a bandwidth measures the transport,
+/// not how far a ring of 512 distinct buffers streams out of the caches.
+/// `--cycle-buffer 0`: one slot per queue entry, at most [`MEM_CAP`] bytes.
 pub fn slot_count(args: &Args, slot: u64) -> u64 {
-    let want = (args.rx_depth.max(args.tx_depth) as u64).max(2);
-    want.min((MEM_CAP / slot.max(1)).max(2))
+    let slot = slot.max(1);
+    if args.cycle_buffer == 0 {
+        let want = (args.rx_depth.max(args.tx_depth) as u64).max(2);
+        return want.min((MEM_CAP / slot).max(2));
+    }
+    let cycled = if slot.saturating_mul(2) <= args.cycle_buffer { args.cycle_buffer / slot } else { 1 };
+    cycled.min(MEM_CAP / slot).max(2)
 }
 
 /// Slot of operation `i` among `slots`, round robin. Every message's address goes through
@@ -377,7 +388,34 @@ impl Remote {
 
 #[cfg(test)]
 mod tests {
-    use super::slot_index;
+    use super::{slot_count, slot_index, slot_len, MEM_CAP};
+    use crate::args::Args;
+    use clap::Parser;
+
+    fn args(extra: &[&str]) -> Args {
+        Args::try_parse_from([&["dp-perf", "send_bw"], extra].concat()).unwrap()
+    }
+
+    /// perftest's rule: a message whose slot fits twice in the cycle buffer cycles through
+    /// it, a larger one reuses one buffer (two slots: `send_lat` needs slots 0 and 1); 0 gives
+    /// one slot per queue entry, capped by memory.
+    #[test]
+    fn slots_cycle_through_the_page_as_perftest_does() {
+        let page = args(&[]);
+        assert_eq!(page.cycle_buffer, 4096);
+        let slot = |size| slot_len(size).unwrap();
+        assert_eq!(slot(8), 64);
+        assert_eq!(slot_count(&page, slot(8)), 64, "8 B: 64-byte steps through the page");
+        assert_eq!(slot_count(&page, slot(64)), 32);
+        assert_eq!(slot_count(&page, slot(2048)), 2, "2048 B plus the GRH room no longer fits twice");
+        assert_eq!(slot_count(&page, slot(4096)), 2);
+        assert_eq!(slot_count(&page, slot(1 << 23)), 2);
+        let old = args(&["--cycle-buffer", "0"]);
+        assert_eq!(slot_count(&old, slot(8)), 512, "one per queue entry (-r 512)");
+        assert_eq!(slot_count(&old, slot(1 << 23)), MEM_CAP / slot(1 << 23));
+        let huge = args(&["--cycle-buffer", "1099511627776"]);
+        assert_eq!(slot_count(&huge, slot(8)), MEM_CAP / 64, "capped by memory");
+    }
 
     #[test]
     fn slot_index_is_the_remainder_for_every_slot_count() {
