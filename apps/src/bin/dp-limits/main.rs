@@ -178,7 +178,8 @@ struct Layout {
     pad: usize,
 }
 
-/// The layouts `copy` tries: dp-perf's (one slot per receive, `--slots` of them), and rings
+/// The layouts `copy` tries: one slot per receive, `--slots` of them (dp-perf's before it
+/// cycled through a page as perftest does, `--cycle-buffer 0`), and rings
 /// small enough to stay in the caches, so the same lines are reused as perftest reuses its
 /// buffers.
 const LAYOUTS: [Layout; 4] = [
