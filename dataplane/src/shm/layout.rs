@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64};
 /// "dpfabric" in ASCII.
 pub(crate) const MAGIC: u64 = 0x6470_6661_6272_6963;
 /// Layout version; a fabric of another version is refused.
-pub(crate) const VERSION: u32 = 7;
+pub(crate) const VERSION: u32 = 8;
 
 /// Contexts (attached "ports") per fabric.
 pub(crate) const MAX_CTX: usize = 64;

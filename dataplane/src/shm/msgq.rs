@@ -1,5 +1,5 @@
 //! The message queue of receiver-side delivery (docs/shm-provider.md, "Next design step"): a
-//! bounded queue of 64-byte cells in the receiver's memory, written by any number of senders
+//! bounded queue of 128-byte cells in the receiver's memory, written by any number of senders
 //! and drained by one drainer at a time, in which a small message crosses cores as one cache
 //! line.
 //!
@@ -47,8 +47,15 @@ pub const PAYLOAD_WORDS: usize = 6;
 /// Payload bytes a cell carries.
 pub const PAYLOAD_MAX: usize = PAYLOAD_WORDS * 8;
 
-/// One cell: a cache line (larger under loom, whose atomics are larger).
-#[repr(C, align(64))]
+/// One cell: a message in one cache line, padded to a pair (larger under loom, whose atomics
+/// are larger). The pad is there for the adjacent-line prefetcher, which moves 128-byte pairs
+/// of lines: with 64-byte cells a receiver reading message `k` pulled in the line its sender
+/// was about to write message `k + 1` into, and the sender's store then had to take it back.
+/// `send_bw -l 32` 8 B: 1.08x with the pad in the VM's fast placement, 1.34-1.40x in its slow
+/// one (`tools/bench-ab`, 7-9 rounds; `-l 1` and `send_lat` unchanged), at twice the queue's
+/// memory. The loss was largest when the sender is quick (a hot source buffer, as perftest
+/// reuses one page).
+#[repr(C, align(128))]
 struct Cell {
     /// `pos` while free for position `pos`, `pos + 1` once its message is written.
     seq: AtomicU64,
