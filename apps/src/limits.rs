@@ -148,7 +148,7 @@ pub fn check_shm(cfg: &Config) -> Result<(), String> {
             mib(size)
         );
         let hint = format!(
-            "set fabric_size = \"{}\" or more, or lower the workers' cq_depth and srq_depth (each CQ entry takes 64 bytes)",
+            "set fabric_size = \"{}\" or more, or lower the workers' cq_depth and srq_depth (each CQ entry takes 192 bytes: its CQE and its message-queue cell)",
             ByteSize(want)
         );
         let e = ConfigError::new(ErrorKind::Resource, &cfg.source, fs.span.clone(), "provider.fabric_size", msg)

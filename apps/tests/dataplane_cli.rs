@@ -176,7 +176,8 @@ fn check_refuses_what_the_shm_device_or_fabric_cannot_hold() {
         p.display()
     );
     assert!(stderr.contains(&want), "want {want} in: {stderr}");
-    // Within the device's limits, but four 64 MiB CQs do not fit the default fabric_size.
+    // Within the device's limits, but four CQs of 192 MiB (64 MiB of CQEs, 128 MiB of message-queue
+    // cells) do not fit the default fabric_size.
     let p = temp_file("cq-too-big.toml", &both("1048576"));
     let file = p.to_str().unwrap();
     for args in [&["check", file][..], &["run", file, "--fabric", "never-created"][..]] {
@@ -184,13 +185,13 @@ fn check_refuses_what_the_shm_device_or_fabric_cannot_hold() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
         assert!(stderr.contains("provider.fabric_size: fabric_size 64M is too small"), "{args:?}: {stderr}");
-        assert!(stderr.contains("set fabric_size = \"255M\" or more"), "{args:?}: {stderr}");
+        assert!(stderr.contains("set fabric_size = \"767M\" or more"), "{args:?}: {stderr}");
     }
     assert!(!PathBuf::from("/dev/shm/dataplane.never-created").exists());
     // The size it asks for is enough.
     let p = temp_file(
         "cq-fits.toml",
-        &both("1048576").replace("fabric = \"echo-demo\"", "fabric = \"echo-demo\"\nfabric_size = \"255M\""),
+        &both("1048576").replace("fabric = \"echo-demo\"", "fabric = \"echo-demo\"\nfabric_size = \"767M\""),
     );
     let out = bin().args(["check", p.to_str().unwrap()]).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

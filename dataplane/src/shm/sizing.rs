@@ -3,6 +3,7 @@
 //! the field to change instead of failing at bring-up.
 
 use super::layout::{recv_stride, CQE_STRIDE, TABLES};
+use super::msgq::MsgQueue;
 use super::ring::Ring;
 use crate::verbs::DeviceCaps;
 
@@ -27,9 +28,13 @@ pub fn alloc_bytes(len: u64) -> u64 {
     len.div_ceil(128).saturating_mul(128)
 }
 
-/// Fabric bytes of a CQ of `cqe` entries.
+/// Fabric bytes of a CQ of `cqe` entries: its ring of 64-byte CQEs and, as every CQ without
+/// a completion channel has one (the runtime's workers' CQs), the message queue of
+/// receiver-side delivery, a 128-byte cell per entry (`shm::msgq`).
 pub fn cq_bytes(cqe: u32) -> u64 {
-    alloc_bytes(Ring::bytes(u64::from(cqe).next_power_of_two() as usize, CQE_STRIDE) as u64)
+    let cap = u64::from(cqe).next_power_of_two() as usize;
+    let ring = alloc_bytes(Ring::bytes(cap, CQE_STRIDE) as u64);
+    ring.saturating_add(alloc_bytes(MsgQueue::bytes(cap.max(2)) as u64))
 }
 
 /// Fabric bytes of the ring of a QP's own receive queue of `max_wr` entries with `max_sge`
@@ -58,7 +63,28 @@ mod tests {
         assert_eq!(caps(open.max_mr_size), open);
         assert_eq!(port_mtu(), ctx.port_attr(1).unwrap().active_mtu);
         assert_eq!(cq_bytes(1000), cq_bytes(1024), "rings are powers of two");
-        assert!(cq_bytes(1 << 20) >= 64 << 20, "64-byte CQEs");
+        assert!(cq_bytes(1 << 20) >= 192 << 20, "64-byte CQEs and 128-byte queue cells");
         assert!(cq_bytes(u32::MAX) > cq_bytes(1 << 31), "no overflow at the top of the range");
+    }
+
+    /// `cq_bytes` is what creating a CQ takes from a fresh fabric's arena (its bump pointer
+    /// moves by exactly that much), or, with the message queues off
+    /// (`DATAPLANE_SHM_MSGQ=0`), at least that much.
+    #[test]
+    fn a_cq_takes_what_cq_bytes_says() {
+        let name = format!("unit-sizing-cq-{}", std::process::id());
+        let ctx = Shm::open(&ShmConfig { fabric: name, size: 8 << 20, huge: Default::default() }).unwrap();
+        let bump = || ctx.inner.fabric.hdr().arena_bump.load(std::sync::atomic::Ordering::Relaxed);
+        for cqe in [1, 100, 1024] {
+            let before = bump();
+            let cq = ctx.create_cq(cqe).unwrap();
+            let took = bump() - before;
+            if crate::shm::drain::mode() == crate::shm::drain::Mode::Off {
+                assert!(took <= cq_bytes(cqe), "{cqe} entries took {took}");
+            } else {
+                assert_eq!(took, cq_bytes(cqe), "{cqe} entries");
+            }
+            std::mem::forget(cq);
+        }
     }
 }
