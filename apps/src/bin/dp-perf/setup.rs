@@ -105,12 +105,12 @@ pub fn slot_len(size: u64) -> std::result::Result<u64, String> {
 /// `--cycle-buffer 0`: one slot per queue entry, at most [`MEM_CAP`] bytes.
 pub fn slot_count(args: &Args, slot: u64) -> u64 {
     let slot = slot.max(1);
-    if args.cycle_buffer == 0 {
-        let want = (args.rx_depth.max(args.tx_depth) as u64).max(2);
-        return want.min((MEM_CAP / slot).max(2));
-    }
-    let cycled = if slot.saturating_mul(2) <= args.cycle_buffer { args.cycle_buffer / slot } else { 1 };
-    cycled.min(MEM_CAP / slot).max(2)
+    let want = match args.cycle_buffer {
+        0 => args.rx_depth.max(args.tx_depth) as u64,
+        cb if slot.saturating_mul(2) <= cb => cb / slot,
+        _ => 1,
+    };
+    want.min(MEM_CAP / slot).max(2)
 }
 
 /// Slot of operation `i` among `slots`, round robin. Every message's address goes through
