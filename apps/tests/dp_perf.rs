@@ -103,6 +103,37 @@ fn refused_combinations_say_why() {
     assert!(!ok && err.contains("cannot be used with"), "{err}");
     let (ok, _, err) = run(&["send_lat", "--histogram", "h.txt"]);
     assert!(!ok && err.contains("the client measures"), "{err}");
+    let (ok, _, err) = run(&["send_lat", "--loopback", "-b"]);
+    assert!(!ok && err.contains("one way only"), "{err}");
+    let (ok, _, err) = run(&["send_bw", "-b"]);
+    assert!(!ok && err.contains("only with --loopback"), "{err}");
+    let (ok, _, err) = run(&["send_bw", "--loopback", "-b", "-D", "1"]);
+    assert!(!ok && err.contains("with -n only"), "{err}");
+    let (ok, _, err) = run(&["send_bw", "--loopback", "-b", "-c", "UD"]);
+    assert!(!ok && err.contains("reliable transports only"), "{err}");
+}
+
+/// `-b`: both ends send and receive at once. A run ends only when each end's receive half
+/// has taken the other's `-n` messages per QP (a missing direction would leave it waiting
+/// until the progress timeout fails it), with RQs and with an SRQ over several QPs, on RC
+/// and XRC.
+#[test]
+fn bidirectional_send_bw_moves_both_ways() {
+    for extra in [&["-c", "RC"][..], &["-c", "RC", "-q", "3", "--use-srq", "-l", "4"], &["-c", "XRC", "-q", "2"]] {
+        let mut args =
+            vec!["send_bw", "--loopback", "-b", "-s", "32", "-n", "30000", "--out_json_file", "-", "--core", "-1"];
+        args.extend_from_slice(&["--peer-core", "-1"]);
+        args.extend_from_slice(extra);
+        let (ok, out, err) = run(&args);
+        assert!(ok, "{extra:?}: {err}");
+        let line = out.lines().find(|l| l.starts_with('{')).unwrap_or_else(|| panic!("{extra:?}: no JSON in {out}"));
+        assert!(line.contains("\"Bidirectional\":\"ON\""), "{line}");
+        assert_eq!(number(line, "n_iterations"), 30000.0, "iterations stay per direction: {line}");
+        assert!(number(line, "MsgRate") > 0.0, "{line}");
+    }
+    let (ok, out, _) =
+        run(&["send_bw", "--loopback", "-n", "1000", "--out_json_file", "-", "--core", "-1", "--peer-core", "-1"]);
+    assert!(ok && !out.contains("Bidirectional"), "one-way runs keep perftest's keys: {out}");
 }
 
 // Client and server in two processes on one shm fabric, over the TCP exchange.

@@ -170,6 +170,11 @@ pub struct Args {
     /// Receive through an SRQ (send tests).
     #[arg(long = "use-srq")]
     pub use_srq: bool,
+    /// Both ends send and receive at once, as perftest's `-b`: each sends `-n` messages per QP
+    /// while it receives the other's; the rates printed are the sum of both directions.
+    /// send_bw with --loopback, -n and RC or XRC only, for now.
+    #[arg(short = 'b', long = "bidirectional")]
+    pub bidirectional: bool,
     /// Require huge pages for the memory.
     #[arg(long = "use_hugepages")]
     pub hugepages: bool,
@@ -270,6 +275,24 @@ impl Args {
         }
         if self.mode() == Mode::Server && self.histogram.is_some() {
             return Err("--histogram: the client measures the latencies; give it there".into());
+        }
+        if self.bidirectional {
+            if self.test != send_bw {
+                return Err(format!("-b: dp-perf runs {:?} one way only (send_bw has -b)", self.test));
+            }
+            if self.mode() != Mode::Loopback {
+                return Err("-b: only with --loopback for now (the client does not send it to a server yet)".into());
+            }
+            if self.duration.is_some() {
+                return Err("-b: with -n only (a receiving end needs the count to expect)".into());
+            }
+            if matches!(self.conn, Conn::UD | Conn::UC) {
+                return Err(format!(
+                    "-b: reliable transports only, for now ({:?} drops a message that finds no receive, and an \
+                     end counting the messages to expect would wait for it)",
+                    self.conn
+                ));
+            }
         }
         if self.use_srq && !self.test.is_send() {
             return Err("--use-srq applies to send tests only".into());

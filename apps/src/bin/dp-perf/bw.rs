@@ -22,6 +22,19 @@ pub struct Bw {
     pub peak: f64,
 }
 
+impl Bw {
+    /// Both directions of a `-b` run as one, as perftest reports them: operations and peaks
+    /// summed, over the longer of the two times; `iters` stays per direction.
+    pub fn both_ways(&self, other: &Bw) -> Bw {
+        Bw {
+            iters: self.iters,
+            ops: self.ops + other.ops,
+            secs: self.secs.max(other.secs),
+            peak: self.peak + other.peak,
+        }
+    }
+}
+
 /// QP index in the top 16 bits of a wr_id, the per-QP sequence number below.
 const QP_SHIFT: u32 = 48;
 
@@ -101,50 +114,75 @@ fn post_recvs<P: Provider>(e: &mut End<P>, q: usize, chain: &RecvChain) -> Res<(
     r.map_err(|err| format!("post_recv: {err}"))
 }
 
-/// Server side of send_bw (receives already posted): reposts each consumed receive until the
-/// client stops; returns how many arrived.
-pub fn serve_recv<P: Provider>(e: &mut End<P>, live: &mut Live) -> Res<u64> {
-    let targets = if e.srq.is_some() { 1 } else { e.qps.len() };
-    let mut chains: Vec<RecvChain> = (0..targets).map(|_| RecvChain::with_capacity(64, 64)).collect();
-    let mut wc = [WorkCompletion::default(); 64];
-    let mut got = 0;
-    loop {
-        let n = e.rcq.poll(&mut wc).map_err(|err| format!("poll: {err}"))?;
+/// The receiving half of send_bw: polls the receive CQ and reposts each consumed receive.
+pub struct Receiver {
+    chains: Vec<RecvChain>,
+    wc: [WorkCompletion; 64],
+    /// Messages received so far.
+    pub got: u64,
+}
+
+impl Receiver {
+    /// For `e`'s QPs (or its SRQ), whose receives [`post_initial_recvs`] posted.
+    pub fn new<P: Provider>(e: &End<P>) -> Receiver {
+        let targets = if e.srq.is_some() { 1 } else { e.qps.len() };
+        let chains = (0..targets).map(|_| RecvChain::with_capacity(64, 64)).collect();
+        Receiver { chains, wc: [WorkCompletion::default(); 64], got: 0 }
+    }
+
+    /// One poll of the receive CQ; reposts what it consumed. Returns the messages it took.
+    pub fn poll<P: Provider>(&mut self, e: &mut End<P>) -> Res<usize> {
+        let n = e.rcq.poll(&mut self.wc).map_err(|err| format!("poll: {err}"))?;
         if n == 0 {
-            if live.idle()? {
-                return Ok(got);
-            }
-            continue;
+            return Ok(0);
         }
-        live.progress();
-        got += n as u64;
-        for w in &wc[..n] {
+        self.got += n as u64;
+        let last = self.chains.len() - 1;
+        for w in &self.wc[..n] {
             if !w.is_ok() {
                 return Err(format!("receive completion: {}", w.status));
             }
             let (q, i) = split_wr_id(w.wr_id);
-            let q = q.min(targets - 1);
-            chains[q].push(RecvWr::new(w.wr_id), &[e.recv_sge(i)]);
+            self.chains[q.min(last)].push(RecvWr::new(w.wr_id), &[e.recv_sge(i)]);
         }
-        for (q, chain) in chains.iter_mut().enumerate() {
+        for (q, chain) in self.chains.iter_mut().enumerate() {
             if !chain.is_empty() {
                 post_recvs(e, q, chain)?;
                 chain.clear();
             }
         }
+        Ok(n)
     }
 }
 
-/// Client side: `iterations` operations per QP (or until `-D` seconds have passed).
+/// Server side of send_bw (receives already posted): reposts each consumed receive until the
+/// client stops; returns how many arrived.
+pub fn serve_recv<P: Provider>(e: &mut End<P>, live: &mut Live) -> Res<u64> {
+    let mut rx = Receiver::new(e);
+    loop {
+        if rx.poll(e)? == 0 {
+            if live.idle()? {
+                return Ok(rx.got);
+            }
+            continue;
+        }
+        live.progress();
+    }
+}
+
+/// Client side: `iterations` operations per QP (or until `-D` seconds have passed). With
+/// `rx` (`-b`, send_bw) it also receives the peer's `iterations` messages per QP in the same
+/// loop, reposting each receive, and ends once they all arrived too.
 pub fn run_client<P: Provider>(
-    test: Test,
     args: &Args,
     size: u64,
     inline: u32,
     c: &mut End<P>,
     s: &Remote,
     live: &mut Live,
+    mut rx: Option<&mut Receiver>,
 ) -> Res<Bw> {
+    let test = args.test;
     let nq = c.qps.len();
     let per_qp = if args.duration.is_some() { u64::MAX } else { args.iterations() };
     let deadline = args.duration.map(|d| Instant::now() + Duration::from_secs_f64(d));
@@ -196,12 +234,20 @@ pub fn run_client<P: Provider>(
                 }
             }
         }
-        if finished {
+        let got = match rx.as_deref_mut() {
+            Some(r) => r.poll(c)?,
+            None => 0,
+        };
+        if finished && rx.as_ref().is_none_or(|r| r.got >= goal) {
             break;
         }
         let n = c.scq.poll(&mut wc).map_err(|e| format!("poll: {e}"))?;
         if n == 0 {
-            live.idle()?;
+            if got == 0 {
+                live.idle()?;
+            } else {
+                live.progress();
+            }
             continue;
         }
         live.progress();

@@ -143,6 +143,9 @@ impl Report {
             i.inline,
             exchange(args)
         );
+        if args.bidirectional {
+            println!(" Bidirectional: both ends send -n messages per QP; the rates are the sum of both directions");
+        }
         println!("{RULE}");
         if args.test.is_lat() {
             println!(
@@ -209,6 +212,10 @@ impl Report {
         }
         if args.test.is_send() {
             info += &format!(",\"RX_depth\":{}", args.rx_depth);
+        }
+        if args.bidirectional {
+            // Only with -b, so that one-way results keep perftest's keys exactly.
+            info += ",\"Bidirectional\":\"ON\"";
         }
         info += &format!(",\"Mtu\":{},\"Link_type\":\"{}\",\"GID_index\":{}", i.mtu, i.link, args.gid_index);
         if matches!(args.test, Test::read_bw | Test::read_lat | Test::atomic_bw | Test::atomic_lat) {

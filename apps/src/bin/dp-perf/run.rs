@@ -112,7 +112,7 @@ fn peer_timeout(args: &Args) -> Duration {
 /// Receives the side must post before the other may send.
 fn prepare<P: Provider>(test: Test, e: &mut End<P>, args: &Args, server: bool) -> Res<()> {
     match test {
-        Test::send_bw if server => bw::post_initial_recvs(e, args),
+        Test::send_bw if server || args.bidirectional => bw::post_initial_recvs(e, args),
         Test::send_lat => lat::post_initial_recvs(e, args),
         _ => Ok(()),
     }
@@ -154,7 +154,8 @@ fn measure<P: Provider>(args: &Args, size: u64, inline: u32, c: &mut End<P>, s: 
         lat::run_client(args.test, args, size, inline, c, s, &mut live).map(Outcome::Lat)
     } else {
         let mut live = Live::with_timeout(sh, limit, "waiting for send completions");
-        bw::run_client(args.test, args, size, inline, c, s, &mut live).map(Outcome::Bw)
+        let mut rx = args.bidirectional.then(|| bw::Receiver::new(c));
+        bw::run_client(args, size, inline, c, s, &mut live, rx.as_mut()).map(Outcome::Bw)
     }
 }
 
@@ -205,7 +206,16 @@ fn loopback<P: Backend>(args: &Args) -> Res<()> {
             let server = args.test.server_active().then(|| {
                 sc.spawn(move || {
                     pin(args.peer_core.try_into().ok(), "--peer-core")?;
-                    let r = serve(args, size, inline, srv, &to_c, sh);
+                    let r = if args.bidirectional {
+                        // -b: the server end measures its own direction as the client does.
+                        match measure(args, size, inline, srv, &to_c, sh) {
+                            Ok(Outcome::Bw(b)) => Ok(Some(b)),
+                            Ok(Outcome::Lat(_)) => Err("-b: a latency test".to_owned()),
+                            Err(e) => Err(e),
+                        }
+                    } else {
+                        serve(args, size, inline, srv, &to_c, sh).map(|_| None)
+                    };
                     if let Err(why) = &r {
                         sh.kill(format!("the server thread failed: {why}")); // the client must not wait for it
                     }
@@ -220,10 +230,14 @@ fn loopback<P: Backend>(args: &Args) -> Res<()> {
             });
             let o = client.join().map_err(|_| "the client thread panicked".to_owned());
             sh.stop(); // also when the client panicked: the server must not wait forever
-            if let Some(t) = server {
-                t.join().map_err(|_| "the server thread panicked".to_owned())??;
+            let theirs = match server {
+                Some(t) => t.join().map_err(|_| "the server thread panicked".to_owned())??,
+                None => None,
+            };
+            match (o??, theirs) {
+                (Outcome::Bw(mine), Some(theirs)) => Ok::<_, String>(Outcome::Bw(mine.both_ways(&theirs))),
+                (o, _) => Ok(o),
             }
-            o?
         })?;
         print(args, &mut rep, size, &outcome)?;
     }
