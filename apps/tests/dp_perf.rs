@@ -105,15 +105,14 @@ fn refused_combinations_say_why() {
     assert!(!ok && err.contains("the client measures"), "{err}");
     let (ok, _, err) = run(&["send_lat", "--loopback", "-b"]);
     assert!(!ok && err.contains("one way only"), "{err}");
-    let (ok, _, err) = run(&["send_bw", "-b"]);
-    assert!(!ok && err.contains("only with --loopback"), "{err}");
     let (ok, _, err) = run(&["send_bw", "--loopback", "-b", "-D", "1"]);
     assert!(!ok && err.contains("with -n only"), "{err}");
     let (ok, _, err) = run(&["send_bw", "--loopback", "-b", "-c", "UD"]);
     assert!(!ok && err.contains("reliable transports only"), "{err}");
 }
 
-/// `-b`: both ends send and receive at once. A run ends only when each end's receive half
+/// `-b` (and in two processes, `client_and_server_in_two_processes`): both ends send and
+/// receive at once. A run ends only when each end's receive half
 /// has taken the other's `-n` messages per QP (a missing direction would leave it waiting
 /// until the progress timeout fails it), with RQs and with an SRQ over several QPs, on RC
 /// and XRC.
@@ -185,6 +184,8 @@ fn client_and_server_in_two_processes() {
         ("write_bw", &["-c", "XRC"][..]),
         ("read_lat", &["-c", "XRC"][..]),
         ("atomic_bw", &["-c", "XRC"][..]),
+        ("send_bw", &["-b", "-q", "2", "-l", "4"][..]),
+        ("send_bw", &["-b", "-c", "XRC", "-q", "2"][..]),
     ] {
         let port = free_port();
         let fabric = format!("dp-perf-test-{}-{port}", std::process::id());
@@ -209,13 +210,16 @@ fn client_and_server_in_two_processes() {
             if extra.contains(&"XRC") {
                 assert!(line.contains("\"Connection_type\":\"XRC\""), "{line}");
             }
+            // -b: the server took it from the client and both print the sum of both ways.
+            assert_eq!(line.contains("\"Bidirectional\":\"ON\""), extra.contains(&"-b"), "{line}");
         }
         // The server took the client's parameters and printed the client's numbers.
         let key = if test.ends_with("_lat") { "t_typical" } else { "BW_average" };
         assert_eq!(number(cj[0], key), number(sj[0], key), "{test}");
         assert!(number(cj[0], key) > 0.0, "{}", cj[0]);
         if test == "send_bw" {
-            assert!(sj[0].contains("\"Number_of_qps\":2") && sj[0].contains("\"Post_List\":4"), "{}", sj[0]);
+            assert!(sj[0].contains("\"Number_of_qps\":2"), "{}", sj[0]);
+            assert_eq!(sj[0].contains("\"Post_List\":4"), extra.contains(&"4"), "{}", sj[0]);
         }
     }
 }

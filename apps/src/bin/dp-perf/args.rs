@@ -98,7 +98,7 @@ pub const DEFAULT_JSON_FILE: &str = "perftest_out.json";
     long_about = "perftest-style benchmarks on dataplane's providers.\n\n\
         Server: `dp-perf TEST [-d DEV -i PORT -x GID] [-p TCP_PORT]`; client: the same with the \
         server's host name at the end. Both ends in one process: `--loopback`. The client's test \
-        parameters (-s -a -n -D -q -t -r -Q -I -l -c --use-srq --fabric) are sent to the server, \
+        parameters (-s -a -n -D -q -t -r -Q -I -l -c --use-srq -b --fabric) are sent to the server, \
         which takes those it was not given and refuses the run when one it was given differs.",
     version
 )]
@@ -172,7 +172,7 @@ pub struct Args {
     pub use_srq: bool,
     /// Both ends send and receive at once, as perftest's `-b`: each sends `-n` messages per QP
     /// while it receives the other's; the rates printed are the sum of both directions.
-    /// send_bw with --loopback, -n and RC or XRC only, for now.
+    /// send_bw with -n and RC or XRC only, for now; a server takes it from the client.
     #[arg(short = 'b', long = "bidirectional")]
     pub bidirectional: bool,
     /// Require huge pages for the memory.
@@ -279,9 +279,6 @@ impl Args {
         if self.bidirectional {
             if self.test != send_bw {
                 return Err(format!("-b: dp-perf runs {:?} one way only (send_bw has -b)", self.test));
-            }
-            if self.mode() != Mode::Loopback {
-                return Err("-b: only with --loopback for now (the client does not send it to a server yet)".into());
             }
             if self.duration.is_some() {
                 return Err("-b: with -n only (a receiving end needs the count to expect)".into());

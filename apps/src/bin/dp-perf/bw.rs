@@ -120,6 +120,9 @@ pub struct Receiver {
     wc: [WorkCompletion; 64],
     /// Messages received so far.
     pub got: u64,
+    /// Whether this end's sends wait for the first message from the peer: a server process
+    /// learns that the client's QP can receive (it is connected once it sends) that way.
+    pub hold_sends: bool,
 }
 
 impl Receiver {
@@ -127,7 +130,7 @@ impl Receiver {
     pub fn new<P: Provider>(e: &End<P>) -> Receiver {
         let targets = if e.srq.is_some() { 1 } else { e.qps.len() };
         let chains = (0..targets).map(|_| RecvChain::with_capacity(64, 64)).collect();
-        Receiver { chains, wc: [WorkCompletion::default(); 64], got: 0 }
+        Receiver { chains, wc: [WorkCompletion::default(); 64], got: 0, hold_sends: false }
     }
 
     /// One poll of the receive CQ; reposts what it consumed. Returns the messages it took.
@@ -202,10 +205,11 @@ pub fn run_client<P: Provider>(
     let mut progress = crate::report::Progress::new(start);
     let goal = per_qp.saturating_mul(nq as u64);
     loop {
-        let mut finished = true;
+        let hold = rx.as_ref().is_some_and(|r| r.hold_sends && r.got == 0);
+        let mut finished = !hold;
         for q in 0..nq {
             finished &= done[q] >= limit[q];
-            while posted[q] < limit[q] && posted[q] - done[q] + pl <= depth {
+            while !hold && posted[q] < limit[q] && posted[q] - done[q] + pl <= depth {
                 let k = pl.min(limit[q] - posted[q]);
                 // Every cq_mod-th and the last: completions retire everything before them.
                 let signaled = |i: u64| (i + 1) % cq_mod == 0 || i + 1 == limit[q];

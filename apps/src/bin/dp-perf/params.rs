@@ -24,7 +24,7 @@ pub fn to_wire(a: &Args, sizes: &[u64], fabric: &str) -> String {
     let list: Vec<String> = sizes.iter().map(u64::to_string).collect();
     format!(
         "{VERSION} test={} provider={} conn={:?} sizes={} iters={} duration={} qps={} tx_depth={} rx_depth={} \
-         cq_mod={} post_list={} inline={} srq={} fabric={fabric}",
+         cq_mod={} post_list={} inline={} srq={} bidir={} fabric={fabric}",
         name(a.test),
         name(a.provider),
         a.conn,
@@ -38,6 +38,7 @@ pub fn to_wire(a: &Args, sizes: &[u64], fabric: &str) -> String {
         a.post_list,
         a.inline.map_or("auto".into(), |v| v.to_string()),
         a.use_srq as u8,
+        a.bidirectional as u8,
     )
 }
 
@@ -45,7 +46,7 @@ fn name<T: ValueEnum>(v: T) -> String {
     v.to_possible_value().map_or_else(String::new, |p| p.get_name().to_owned())
 }
 
-const KEYS: [&str; 14] = [
+const KEYS: [&str; 15] = [
     "test",
     "provider",
     "conn",
@@ -59,6 +60,7 @@ const KEYS: [&str; 14] = [
     "post_list",
     "inline",
     "srq",
+    "bidir",
     "fabric",
 ];
 
@@ -167,6 +169,10 @@ fn take(a: &mut Args, key: &str, theirs: &str, fabric: &str) -> Result<(), Strin
         "srq" => {
             let on = theirs == "1";
             agree(a, &["use_srq"], "--use-srq", (a.use_srq as u8).to_string(), theirs, |a| a.use_srq = on)
+        }
+        "bidir" => {
+            let on = theirs == "1";
+            agree(a, &["bidirectional"], "-b", (a.bidirectional as u8).to_string(), theirs, |a| a.bidirectional = on)
         }
         "fabric" if a.provider == ProviderKind::shm => {
             let f = theirs.to_owned();

@@ -146,15 +146,28 @@ fn progress_timeout(args: &Args, size: u64) -> Duration {
     peer_timeout(args) + Duration::from_secs_f64(per_completion as f64 / 1e6)
 }
 
-/// The client's part of one size.
-fn measure<P: Provider>(args: &Args, size: u64, inline: u32, c: &mut End<P>, s: &Remote, sh: &Shared) -> Res<Outcome> {
+/// The client's part of one size (and with -b the server's too; `hold`: its sends wait for
+/// the peer's first message, as a server process's must).
+fn measure<P: Provider>(
+    args: &Args,
+    size: u64,
+    inline: u32,
+    c: &mut End<P>,
+    s: &Remote,
+    sh: &Shared,
+    hold: bool,
+) -> Res<Outcome> {
     let limit = progress_timeout(args, size);
     if args.test.is_lat() {
         let mut live = Live::with_timeout(sh, limit, "waiting for a reply or completion");
         lat::run_client(args.test, args, size, inline, c, s, &mut live).map(Outcome::Lat)
     } else {
         let mut live = Live::with_timeout(sh, limit, "waiting for send completions");
-        let mut rx = args.bidirectional.then(|| bw::Receiver::new(c));
+        let mut rx = args.bidirectional.then(|| {
+            let mut r = bw::Receiver::new(c);
+            r.hold_sends = hold;
+            r
+        });
         bw::run_client(args, size, inline, c, s, &mut live, rx.as_mut()).map(Outcome::Bw)
     }
 }
@@ -208,7 +221,7 @@ fn loopback<P: Backend>(args: &Args) -> Res<()> {
                     pin(args.peer_core.try_into().ok(), "--peer-core")?;
                     let r = if args.bidirectional {
                         // -b: the server end measures its own direction as the client does.
-                        match measure(args, size, inline, srv, &to_c, sh) {
+                        match measure(args, size, inline, srv, &to_c, sh, false) {
                             Ok(Outcome::Bw(b)) => Ok(Some(b)),
                             Ok(Outcome::Lat(_)) => Err("-b: a latency test".to_owned()),
                             Err(e) => Err(e),
@@ -224,7 +237,7 @@ fn loopback<P: Backend>(args: &Args) -> Res<()> {
             });
             let client = sc.spawn(|| {
                 pin(args.my_core(), "--core")?;
-                let o = measure(args, size, inline, &mut c, &to_s, sh);
+                let o = measure(args, size, inline, &mut c, &to_s, sh, false);
                 sh.stop();
                 o
             });
@@ -278,7 +291,7 @@ fn client_size<P: Backend>(args: &Args, ctx: &P::Context, ctl: &mut Ctl, size: u
     let (o, theirs) = std::thread::scope(|sc| {
         let t = sc.spawn(|| {
             pin(args.my_core(), "--core")?;
-            measure(args, size, inline, &mut c, &to_s, &sh)
+            measure(args, size, inline, &mut c, &to_s, &sh, false)
         });
         let early = ctl.watch(&sh, &t, peer_timeout(args))?;
         let o = t.join().map_err(|_| "the test thread panicked".to_owned())??;
@@ -289,6 +302,12 @@ fn client_size<P: Backend>(args: &Args, ctx: &P::Context, ctl: &mut Ctl, size: u
         Ok::<_, String>((o, ctl.finish(&sh, &mine, early, peer_timeout(args))?))
     })?;
     if let (Test::send_bw, Outcome::Bw(b)) = (args.test, &o) {
+        if args.bidirectional {
+            // -b: the server sent its own direction's result; the report is the sum.
+            let server = theirs.strip_prefix("bw ").and_then(Bw::from_wire);
+            let server = server.ok_or_else(|| format!("the server sent unreadable -b results: {theirs:?}"))?;
+            return Ok(Outcome::Bw(b.both_ways(&server)));
+        }
         if theirs.parse::<u64>().is_ok_and(|got| got < b.ops) {
             eprintln!("dp-perf: the server received {theirs} of {} messages (UD/UC drop what finds no receive)", b.ops);
         }
@@ -336,18 +355,30 @@ fn server_run<P: Backend>(args: &mut Args, ctl: &mut Ctl) -> Res<()> {
         ctl.send("ready")?;
         ctl.send_addrs(&s.endpoints(args.gid_index).map_err(err("endpoint"))?, &s.mem())?;
         let sh = Shared::default();
-        let theirs = std::thread::scope(|sc| {
+        let (theirs, mine) = std::thread::scope(|sc| {
             let t = sc.spawn(|| {
                 pin(args.my_core(), "--core")?;
-                serve(args, size, inline, &mut s, &to_c, &sh)
+                if args.bidirectional {
+                    // -b: this end measures its own direction too, its sends held until the
+                    // client's first message shows the client's QP connected.
+                    match measure(args, size, inline, &mut s, &to_c, &sh, true)? {
+                        Outcome::Bw(b) => Ok((format!("bw {}", b.to_wire()), Some(b))),
+                        Outcome::Lat(_) => Err("-b: a latency test".to_owned()),
+                    }
+                } else {
+                    serve(args, size, inline, &mut s, &to_c, &sh).map(|got| (got.to_string(), None))
+                }
             });
             let early = ctl.watch(&sh, &t, peer_timeout(args))?;
-            let got = t.join().map_err(|_| "the test thread panicked".to_owned())??;
-            ctl.finish(&sh, &got.to_string(), early, peer_timeout(args))
+            let (line, mine) = t.join().map_err(|_| "the test thread panicked".to_owned())??;
+            Ok::<_, String>((ctl.finish(&sh, &line, early, peer_timeout(args))?, mine))
         })?;
         let bad = || format!("the client sent unreadable results: {theirs:?}");
         let r = match theirs.split_once(' ') {
-            Some(("bw", b)) => rep.bw(args, size, &Bw::from_wire(b).ok_or_else(bad)?),
+            Some(("bw", b)) => {
+                let client = Bw::from_wire(b).ok_or_else(bad)?;
+                rep.bw(args, size, &mine.map_or(client, |m| client.both_ways(&m)))
+            }
             Some(("lat", l)) => rep.lat(args, size, &Lat::from_wire(l).ok_or_else(bad)?),
             _ => return Err(bad()),
         };
