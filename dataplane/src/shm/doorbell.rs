@@ -7,7 +7,7 @@
 //! `poll`, a channel wait, or the next `post_send`), until its retry count runs out.
 
 use super::dest::*;
-use super::drain::{self, F_IMM, F_SIGNALED, F_SOLICITED, META_WORDS, MQ_PAYLOAD_MAX};
+use super::drain::{self, F_IMM, F_REF, F_SIGNALED, F_SOLICITED, META_WORDS, MQ_PAYLOAD_MAX, MQ_REF_MAX};
 use super::exec::*;
 use super::fabric::{pid_alive, Fabric};
 use super::layout::*;
@@ -249,14 +249,16 @@ pub(crate) fn post_fast<const XRC: bool>(
     } else {
         d
     };
-    // A small RC SEND to a target whose receive CQ has a message queue goes through it, if
-    // it is part of a post list, follows queued ones, or is a lone post of a streaming QP
-    // (or `Mode::All`): its receiver (or a helper) delivers it (`post_mq`). Any other lone
-    // post stays here, where the sender does the receiver's work and the receiver's poll is
-    // short (`drain::Mode`).
+    // An RC SEND to a target whose receive CQ has a message queue goes through it, if it is
+    // part of a post list, follows queued ones, or is a lone post of a streaming QP (or
+    // `Mode::All`): its receiver (or a helper) delivers it (`post_mq`). Any other lone post
+    // stays here, where the sender does the receiver's work and the receiver's poll is short
+    // (`drain::Mode`). Up to 32 bytes ride in the cell; a longer one (up to `MQ_REF_MAX`)
+    // goes by reference, the cell naming its bytes for the drainer to copy, unless INLINE
+    // (the caller may reuse those bytes once the post returns).
     if !XRC
         && is_send
-        && len <= MQ_PAYLOAD_MAX
+        && (len <= MQ_PAYLOAD_MAX || (len <= MQ_REF_MAX && !wr.flags.contains(SendFlags::INLINE)))
         && (rest > 0 || st.mq.last != 0 || st.mq_every || st.mq_stream)
         && !st.send_cq.has_channel
     {
@@ -425,9 +427,9 @@ fn mq_reserve(m: &mut MqSend, rq: &RecvRing) -> bool {
     true
 }
 
-/// Receiver-side delivery of a small RC SEND (`shm::drain`), once [`mq_reserve`] found a
+/// Receiver-side delivery of an RC SEND (`shm::drain`), once [`mq_reserve`] found a
 /// receive request to reserve: claims a cell of the target's receive CQ's queue and writes
-/// the message there (one cache line); the drainer takes the request, places the bytes and
+/// the message there (one cache line; a payload above 32 bytes by reference); the drainer takes the request, places the bytes and
 /// writes both completions. Called by `post_fast` after every check of the general path
 /// (a target with no request left goes to the general path, which decides RNR after the
 /// queued SENDs are drained).
@@ -447,9 +449,16 @@ fn post_mq(f: &Fabric, st: &mut SqState, wr: &SendWr, src: *mut u8, len: usize, 
     if wr.flags.contains(SendFlags::SOLICITED) {
         flags |= F_SOLICITED;
     }
-    // `src` was translated for `len` bytes (our MR, or the fabric for INLINE), `post_fast`.
-    let [p0, p1, p2, p3] = read_translated_words(src, len);
+    // `src` was translated for `len` bytes (our MR, or the fabric for INLINE), `post_fast`;
+    // a larger payload stays there and the cell carries its fabric offset (`F_REF`).
+    let [p0, p1, p2, p3] = if len <= MQ_PAYLOAD_MAX {
+        read_translated_words(src, len)
+    } else {
+        flags |= F_REF;
+        [(src as u64).wrapping_sub(f.base_addr()), len as u64, 0, 0]
+    };
     let words: [u64; PAYLOAD_WORDS] = [drain::meta(st.qpn, wqe), wr.wr_id, p0, p1, p2, p3];
+    let cell_len = if flags & F_REF != 0 { META_WORDS * 8 + 16 } else { META_WORDS * 8 + len };
     let tag = drain::tag(to.idx, flags);
     let imm = if flags & F_IMM != 0 { wr.imm_data } else { 0 };
     // One claim for the rest of the post list: a locked instruction per message would wait
@@ -471,7 +480,7 @@ fn post_mq(f: &Fabric, st: &mut SqState, wr: &SendWr, src: *mut u8, len: usize, 
     // message is undrained (more messages queued than the CQ has entries): drain it ourselves
     // if nobody is (`drain::help`), then write.
     let mut waited = 0;
-    while to.q.write(pos, (META_WORDS * 8 + len) as u32, tag, imm, &words).is_err() {
+    while to.q.write(pos, cell_len as u32, tag, imm, &words).is_err() {
         if !mq_wait(f, &to.q, to.cqn, to.pid, &mut waited) {
             // The receiver's process died with the queue full: nothing will drain it. The
             // WQE ends as a send to a dead peer does (RETRY_EXC_ERR, ERROR), and the claims

@@ -1,5 +1,6 @@
-//! Receiver-side delivery (docs/shm-provider.md, "Receiver-side delivery"): a small RC SEND
-//! travels as one cell of its receive CQ's message queue (`shm::msgq`), and whoever drains
+//! Receiver-side delivery (docs/shm-provider.md, "Receiver-side delivery"): an RC SEND of up
+//! to 64 KiB travels as one cell of its receive CQ's message queue (`shm::msgq`), its
+//! payload in the cell (at most 32 bytes) or named by it ([`F_REF`]), and whoever drains
 //! that queue (the CQ's own poll, or a sender helping a receiver that does not poll) takes
 //! the receive request, places the bytes and writes both completions. This module is the
 //! drainer's side: the cell's record ([`tag`], [`meta`]), one message's delivery (`take`)
@@ -17,7 +18,7 @@ use super::exec::{deliver_taken, responder_failed, Sender};
 use super::fabric::Fabric;
 use super::layout::*;
 use super::msgq::{Delivered, MsgQueue, PAYLOAD_WORDS};
-use super::place::{recv_dst, write_translated_words, Seg};
+use super::place::{copy_translated, recv_dst, write_translated_words, Seg};
 use super::qp_error::to_error;
 use super::recvq::{self, RecvEntry};
 use super::wire::CqRing;
@@ -32,6 +33,11 @@ pub(crate) const META_WORDS: usize = 2;
 /// Payload bytes a queued SEND carries (the rest of the cell).
 pub(crate) const MQ_PAYLOAD_MAX: usize = (PAYLOAD_WORDS - META_WORDS) * 8;
 
+/// Largest SEND queued by reference ([`F_REF`]): its cell names the bytes in the sender's
+/// memory and the drainer copies them. Larger ones stay on the sender's path, where one
+/// `poll` never copies more than this per message.
+pub(crate) const MQ_REF_MAX: usize = 64 << 10;
+
 /// Bits of a cell's tag that name the receiving QP's slot (the rest are [`F_SIGNALED`]...).
 const TAG_IDX_BITS: u32 = QP_IDX_BITS;
 /// The sender wants a completion (IBV_SEND_SIGNALED or `sq_sig_all`).
@@ -42,8 +48,14 @@ pub(crate) const F_IMM: u16 = 2;
 pub(crate) const F_SOLICITED: u16 = 4;
 /// No message: a position a post list claimed and did not use (`doorbell::mq_close`).
 pub(crate) const F_NOP: u16 = 8;
+/// The payload is not in the cell: the first payload word is its fabric offset in the
+/// sender's registered memory (checked at post), the second its length (a SEND of more than
+/// [`MQ_PAYLOAD_MAX`] bytes, at most [`MQ_REF_MAX`]). The drainer copies it from there, so
+/// the copy runs on the receiver's core, as a NIC's DMA runs beside the host's cores; the
+/// sender's buffer is in use until its send completion, as with any SEND.
+pub(crate) const F_REF: u16 = 16;
 
-const _: () = assert!(MAX_QP <= 1 << TAG_IDX_BITS && TAG_IDX_BITS + 4 <= 16);
+const _: () = assert!(MAX_QP <= 1 << TAG_IDX_BITS && TAG_IDX_BITS + 5 <= 16);
 
 /// The tag of a cell: the receiving QP's slot and the flags.
 #[inline(always)]
@@ -179,8 +191,11 @@ struct Msg<'a> {
     idx: usize,
     /// `F_*` flags.
     flags: u16,
-    /// Payload length in bytes (at most [`MQ_PAYLOAD_MAX`]).
+    /// Payload length in bytes (at most [`MQ_PAYLOAD_MAX`], or [`MQ_REF_MAX`] with
+    /// [`F_REF`]).
     len: usize,
+    /// With [`F_REF`]: the payload's fabric offset.
+    src_off: u64,
     /// Immediate data (meaningful with `F_IMM`).
     imm: u32,
     /// The cell's words (payload after the [`META_WORDS`]).
@@ -190,16 +205,34 @@ struct Msg<'a> {
 impl<'a> Msg<'a> {
     #[inline(always)]
     fn decode(m: &'a Delivered) -> Msg<'a> {
+        let flags = m.tag >> TAG_IDX_BITS;
+        // A peer's words: a length by reference is cut to what a sender may queue.
+        let (len, src_off) = if flags & F_REF != 0 {
+            ((m.words[META_WORDS + 1] as usize).min(MQ_REF_MAX), m.words[META_WORDS])
+        } else {
+            ((m.len as usize).saturating_sub(META_WORDS * 8).min(MQ_PAYLOAD_MAX), 0)
+        };
         Msg {
             src_qpn: m.words[0] as u32,
             wqe: (m.words[0] >> 32) as u32,
             wr_id: m.words[1],
             idx: (m.tag & ((1 << TAG_IDX_BITS) - 1)) as usize,
-            flags: m.tag >> TAG_IDX_BITS,
-            len: (m.len as usize).saturating_sub(META_WORDS * 8).min(MQ_PAYLOAD_MAX),
+            flags,
+            len,
+            src_off,
             imm: m.imm,
             words: &m.words,
         }
+    }
+
+    /// With [`F_REF`], the payload in the fabric: `None` if the range is not inside the
+    /// arena (a corrupt or hostile cell); `Some(None)` for a payload in the cell.
+    #[inline(always)]
+    fn by_ref(&self, f: &Fabric) -> Option<Option<*mut u8>> {
+        if self.flags & F_REF == 0 {
+            return Some(None);
+        }
+        f.ptr(self.src_off, self.len as u64).map(Some)
     }
 }
 
@@ -214,6 +247,7 @@ pub(crate) fn take(f: &Fabric, cqn: u32, c: &mut DrainCache, m: &Delivered, out:
     if flags & F_NOP != 0 {
         return Got::Ring;
     }
+    let Some(src) = m.by_ref(f) else { return bad_ref(f, c, &m) };
     // The cached receiving QP, if the cell names it and its slot still holds it (one load).
     let hit = c.rx.as_ref().is_some_and(|d| d.idx == idx && f.qp_slot(idx).qpn.load(Ordering::Acquire) == d.qpn);
     let d = if hit {
@@ -237,7 +271,12 @@ pub(crate) fn take(f: &Fabric, cqn: u32, c: &mut DrainCache, m: &Delivered, out:
         rq.release(pos);
         return general(f, c, &m);
     };
-    write_translated_words(dst, &m.words[META_WORDS..], len);
+    match src {
+        // The sender checked `src` against its MR for `len` bytes (and `by_ref` against the
+        // arena), `recv_dst` checked `dst` against the receive MR.
+        Some(src) => copy_translated(src, dst, len),
+        None => write_translated_words(dst, &m.words[META_WORDS..], len),
+    }
     rq.release(pos);
     let imm = flags & F_IMM != 0;
     let (rx_qpn, wr_id) = (d.qpn, c.entry.wr_id);
@@ -338,7 +377,11 @@ fn general(f: &Fabric, c: &mut DrainCache, m: &Msg) -> Got {
     let wr = if flags & F_IMM != 0 { SendWr::send_with_imm(m.wr_id, m.imm) } else { SendWr::send(m.wr_id) };
     let wr = wr.flags(if flags & F_SOLICITED != 0 { SendFlags::SOLICITED } else { SendFlags::empty() });
     let mut payload = payload_bytes(m.words);
-    let src = [Seg { ptr: payload.as_mut_ptr(), len }];
+    let src = match m.by_ref(f) {
+        Some(Some(p)) => [Seg { ptr: p, len }],
+        Some(None) => [Seg { ptr: payload.as_mut_ptr(), len }],
+        None => return bad_ref(f, c, m),
+    };
     let sender = Sender { qp_type: QpType::Rc, qpn: src_qpn, lid };
     let status = deliver_taken(f, sender, &c.entry, &d, &wr, &src, len as u64, &None, true, None);
     if status == WcStatus::Success {
@@ -350,6 +393,16 @@ fn general(f: &Fabric, c: &mut DrainCache, m: &Msg) -> Got {
     } else {
         fail_sender(f, c, m, Some(status));
     }
+    Got::Ring
+}
+
+/// A cell by reference whose range is not inside the arena (a corrupt or hostile sender):
+/// nothing is delivered and no receive request is used; the sender's WQE fails as one whose
+/// responder found the request invalid.
+#[cold]
+#[inline(never)]
+fn bad_ref(f: &Fabric, c: &mut DrainCache, m: &Msg) -> Got {
+    fail_sender(f, c, m, Some(WcStatus::RemInvReqErr));
     Got::Ring
 }
 
@@ -555,8 +608,9 @@ pub(crate) mod tests {
         assert_eq!(poll_one(&mut p.rb, 1).map(|w| w.wr_id), Some(1));
     }
 
-    /// A WR that does not take the queue (a SEND too long for a cell) waits for the queued
-    /// SENDs before it: receive and send completions keep the posting order.
+    /// A WR that does not take the queue (an INLINE SEND too long for a cell: its bytes
+    /// cannot go by reference) waits for the queued SENDs before it: receive and send
+    /// completions keep the posting order.
     #[test]
     fn a_long_send_waits_for_the_queued_ones_before_it() {
         let mut p = pair("mq-order");
@@ -565,8 +619,9 @@ pub(crate) mod tests {
             p.b.post_recv(&RecvChain::one(100 + i, &[sge])).unwrap();
         }
         let mut chain = SendChain::new();
-        for (i, len) in [(0u64, 8u32), (1, 200), (2, 16)] {
-            chain.push(SendWr::send(i).signaled(), &[Sge::new(p.mr.addr(), len, p.mr.lkey())]);
+        for (i, len) in [(0u64, 8u32), (1, 60), (2, 16)] {
+            let wr = if len > 32 { SendWr::send(i).signaled().inline() } else { SendWr::send(i).signaled() };
+            chain.push(wr, &[Sge::new(p.mr.addr(), len, p.mr.lkey())]);
         }
         p.a.post_send(&chain).unwrap();
         let mut recv = Vec::new();
@@ -582,7 +637,7 @@ pub(crate) mod tests {
                 break;
             }
         }
-        assert_eq!(recv, [(100, 8), (101, 200), (102, 16)]);
+        assert_eq!(recv, [(100, 8), (101, 60), (102, 16)]);
         assert_eq!(sent, [0, 1, 2]);
     }
 
@@ -609,6 +664,66 @@ pub(crate) mod tests {
             let sc = poll_one(&mut p.sa, 10).expect("the sender's completion");
             assert_eq!((sc.wr_id, sc.status), (1000 + u64::from(len), WcStatus::Success));
         }
+    }
+
+    /// SENDs longer than a cell go by reference (`F_REF`): the drainer copies exactly their
+    /// bytes from the sender's buffer, and nothing after them.
+    #[test]
+    fn larger_sends_go_by_reference_and_place_exactly_their_bytes() {
+        let mut p = pair("mq-ref");
+        let q = p.rb.shared.mq.expect("the receive CQ has a queue");
+        let src: Vec<u8> = (0..2000u32).map(|i| (i.wrapping_mul(131) % 251) as u8).collect();
+        write_bytes(&p.mr, 0, &src);
+        for len in [33u32, 40, 63, 64, 65, 200, 1000, 2000] {
+            write_bytes(&p.mr, 2048, &[0xEE; 2048]);
+            p.b.post_recv(&RecvChain::one(u64::from(len), &[Sge::new(p.mr.addr() + 2048, 2040, p.mr.lkey())])).unwrap();
+            let wr = SendWr::send(1000 + u64::from(len)).signaled();
+            p.a.post_send(&SendChain::one(wr, &[Sge::new(p.mr.addr(), len, p.mr.lkey())])).unwrap();
+            assert!(q.ready(), "length {len}: the message waits in the queue");
+            let wc = poll_one(&mut p.rb, 10).expect("the receiver's poll delivers it");
+            assert_eq!((wc.wr_id, wc.status, wc.byte_len), (u64::from(len), WcStatus::Success, len));
+            let got = read_bytes(&p.mr, 2048, 2048);
+            assert_eq!(&got[..len as usize], &src[..len as usize], "length {len}: the message's bytes");
+            assert!(got[len as usize..].iter().all(|&b| b == 0xEE), "length {len}: nothing after the message");
+            let sc = poll_one(&mut p.sa, 10).expect("the sender's completion");
+            assert_eq!((sc.wr_id, sc.status), (1000 + u64::from(len), WcStatus::Success));
+        }
+    }
+
+    /// A SEND by reference into a receive buffer too small for it fails as the general path
+    /// fails it, and the buffer is not written.
+    #[test]
+    fn a_send_by_reference_into_a_short_buffer_fails_both_sides() {
+        let mut p = pair("mq-ref-short");
+        write_bytes(&p.mr, 1024, &[0xEE; 256]);
+        p.b.post_recv(&RecvChain::one(1, &[Sge::new(p.mr.addr() + 1024, 100, p.mr.lkey())])).unwrap();
+        p.a.post_send(&SendChain::one(SendWr::send(2), &[Sge::new(p.mr.addr(), 200, p.mr.lkey())])).unwrap();
+        let rc = poll_one(&mut p.rb, 10).expect("receive completion");
+        assert_eq!((rc.wr_id, rc.status), (1, WcStatus::LocLenErr));
+        let sc = poll_one(&mut p.sa, 10).expect("the unsignaled send's error completion");
+        assert_eq!((sc.wr_id, sc.status), (2, WcStatus::RemInvReqErr));
+        assert_eq!((p.a.state(), p.b.state()), (QpState::Error, QpState::Error));
+        assert!(read_bytes(&p.mr, 1024 + 100, 156).iter().all(|&b| b == 0xEE), "nothing past the buffer");
+    }
+
+    /// A cell by reference that names bytes outside the arena (a hostile or corrupt sender)
+    /// delivers nothing and uses no receive request: its sender's WQE fails.
+    #[test]
+    fn a_cell_naming_memory_outside_the_arena_delivers_nothing() {
+        let mut p = pair("mq-ref-hostile");
+        let q = p.rb.shared.mq.expect("the receive CQ has a queue");
+        write_bytes(&p.mr, 1024, &[0xEE; 64]);
+        p.b.post_recv(&RecvChain::one(1, &[Sge::new(p.mr.addr() + 1024, 64, p.mr.lkey())])).unwrap();
+        let idx = super::super::layout::key_index(p.b.qp_num(), super::super::layout::QP_IDX_BITS);
+        for off in [u64::MAX - 8, 0] {
+            let pos = q.claim(1);
+            let words = [super::meta(p.a.qp_num(), 0), 9, off, 40, 0, 0];
+            q.write(pos, 32, super::tag(idx, super::F_REF | super::F_SIGNALED), 0, &words).unwrap();
+            assert!(poll_one(&mut p.rb, 10).is_none(), "offset {off:#x}: nothing delivered");
+        }
+        assert!(read_bytes(&p.mr, 1024, 64).iter().all(|&b| b == 0xEE), "the receive buffer is untouched");
+        let sc = poll_one(&mut p.sa, 10).expect("the sender's error completion");
+        assert_eq!((sc.wr_id, sc.status), (9, WcStatus::RemInvReqErr));
     }
 
     /// A queued SEND into a receive buffer too small for it fails as the general path fails
