@@ -273,7 +273,10 @@ pub(crate) fn post_fast<const XRC: bool>(
                 return false;
             }
             let to = MqTo { q, idx: d.idx, cqn: d.cqn, pid: d.pid };
-            return post_mq(f, st, wr, src, len, &to, rest);
+            if len > MQ_PAYLOAD_MAX {
+                return post_mq_ref(f, st, wr, src, len, &to, rest);
+            }
+            return post_mq::<false>(f, st, wr, src, len, &to, rest);
         }
     }
     // Anything else this QP posts waits until the SENDs it queued are drained, or it would
@@ -434,7 +437,15 @@ fn mq_reserve(m: &mut MqSend, rq: &RecvRing) -> bool {
 /// (a target with no request left goes to the general path, which decides RNR after the
 /// queued SENDs are drained).
 #[inline(always)]
-fn post_mq(f: &Fabric, st: &mut SqState, wr: &SendWr, src: *mut u8, len: usize, to: &MqTo, rest: usize) -> bool {
+fn post_mq<const REF: bool>(
+    f: &Fabric,
+    st: &mut SqState,
+    wr: &SendWr,
+    src: *mut u8,
+    len: usize,
+    to: &MqTo,
+    rest: usize,
+) -> bool {
     // SENDs held by this post list's earlier WRs (`HeldRecv`) must be published first: the
     // drainer may deliver this one at once.
     publish_held(f, &mut st.held);
@@ -451,14 +462,13 @@ fn post_mq(f: &Fabric, st: &mut SqState, wr: &SendWr, src: *mut u8, len: usize, 
     }
     // `src` was translated for `len` bytes (our MR, or the fabric for INLINE), `post_fast`;
     // a larger payload stays there and the cell carries its fabric offset (`F_REF`).
-    let [p0, p1, p2, p3] = if len <= MQ_PAYLOAD_MAX {
-        read_translated_words(src, len)
-    } else {
+    let ([p0, p1, p2, p3], cell_len) = if REF {
         flags |= F_REF;
-        [(src as u64).wrapping_sub(f.base_addr()), len as u64, 0, 0]
+        ([(src as u64).wrapping_sub(f.base_addr()), len as u64, 0, 0], META_WORDS * 8 + 16)
+    } else {
+        (read_translated_words(src, len), META_WORDS * 8 + len)
     };
     let words: [u64; PAYLOAD_WORDS] = [drain::meta(st.qpn, wqe), wr.wr_id, p0, p1, p2, p3];
-    let cell_len = if flags & F_REF != 0 { META_WORDS * 8 + 16 } else { META_WORDS * 8 + len };
     let tag = drain::tag(to.idx, flags);
     let imm = if flags & F_IMM != 0 { wr.imm_data } else { 0 };
     // One claim for the rest of the post list: a locked instruction per message would wait
@@ -496,6 +506,14 @@ fn post_mq(f: &Fabric, st: &mut SqState, wr: &SendWr, src: *mut u8, len: usize, 
     m.last = pos + 1;
     st.posted = st.posted.wrapping_add(1);
     true
+}
+
+/// [`post_mq`] of a payload by reference (more than a cell holds), out of line: inlined
+/// beside the payload-in-cell case it cost every small SEND instructions (+12 per message in
+/// chains of 32).
+#[inline(never)]
+fn post_mq_ref(f: &Fabric, st: &mut SqState, wr: &SendWr, src: *mut u8, len: usize, to: &MqTo, rest: usize) -> bool {
+    post_mq::<true>(f, st, wr, src, len, to, rest)
 }
 
 /// Forgets this QP's queued SENDs and open claims: their queue's receiver is gone.

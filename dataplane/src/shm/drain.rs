@@ -203,11 +203,13 @@ struct Msg<'a> {
 }
 
 impl<'a> Msg<'a> {
+    /// Decodes a cell known to carry its payload (`REF` false: the [`F_REF`] flag is not
+    /// looked at) or that may not.
     #[inline(always)]
-    fn decode(m: &'a Delivered) -> Msg<'a> {
+    fn decode_as<const REF: bool>(m: &'a Delivered) -> Msg<'a> {
         let flags = m.tag >> TAG_IDX_BITS;
         // A peer's words: a length by reference is cut to what a sender may queue.
-        let (len, src_off) = if flags & F_REF != 0 {
+        let (len, src_off) = if REF && flags & F_REF != 0 {
             ((m.words[META_WORDS + 1] as usize).min(MQ_REF_MAX), m.words[META_WORDS])
         } else {
             ((m.len as usize).saturating_sub(META_WORDS * 8).min(MQ_PAYLOAD_MAX), 0)
@@ -242,12 +244,37 @@ impl<'a> Msg<'a> {
 /// completion into its send CQ.
 #[inline(always)]
 pub(crate) fn take(f: &Fabric, cqn: u32, c: &mut DrainCache, m: &Delivered, out: &mut WorkCompletion) -> Got {
-    let m = Msg::decode(m);
-    let (src_qpn, idx, flags, len) = (m.src_qpn, m.idx, m.flags, m.len);
-    if flags & F_NOP != 0 {
+    // A payload in the cell is the loop's common case; the others (a NOP, a payload by
+    // reference) go out of line, where their extra words cost the small messages nothing
+    // (inlined together, the drain counted +19 instructions per 8-byte message).
+    if (m.tag >> TAG_IDX_BITS) & (F_NOP | F_REF) != 0 {
+        return take_other(f, cqn, c, m, out);
+    }
+    take_as::<false>(f, cqn, c, m, out)
+}
+
+/// [`take`] for a NOP or a payload by reference.
+#[inline(never)]
+fn take_other(f: &Fabric, cqn: u32, c: &mut DrainCache, m: &Delivered, out: &mut WorkCompletion) -> Got {
+    if (m.tag >> TAG_IDX_BITS) & F_NOP != 0 {
         return Got::Ring;
     }
-    let Some(src) = m.by_ref(f) else { return bad_ref(f, c, &m) };
+    take_as::<true>(f, cqn, c, m, out)
+}
+
+/// The delivery of [`take`]; `REF`: the payload may be by reference ([`F_REF`]).
+#[inline(always)]
+fn take_as<const REF: bool>(f: &Fabric, cqn: u32, c: &mut DrainCache, m: &Delivered, out: &mut WorkCompletion) -> Got {
+    let m = Msg::decode_as::<REF>(m);
+    let (src_qpn, idx, flags, len) = (m.src_qpn, m.idx, m.flags, m.len);
+    let src = if REF {
+        match m.by_ref(f) {
+            Some(src) => src,
+            None => return bad_ref(f, c, &m),
+        }
+    } else {
+        None
+    };
     // The cached receiving QP, if the cell names it and its slot still holds it (one load).
     let hit = c.rx.as_ref().is_some_and(|d| d.idx == idx && f.qp_slot(idx).qpn.load(Ordering::Acquire) == d.qpn);
     let d = if hit {
