@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Inside tools/rxe-vm: every dp-perf test on the rdma provider, as client (rxe0) and server
-# (rxe1, 198.18.0.2) and with --loopback on rxe0, plus UC, UD, SRQ, several QPs, post lists and
-# -D. Functional only (few iterations): one ok/FAIL line per run; exit status = failures.
+# (rxe1, 198.18.0.2) and with --loopback on rxe0, plus UC, UD, SRQ, several QPs, post lists,
+# -b and -D. Functional only (few iterations): one ok/FAIL line per run; exit status = failures.
 # DP_PERF_ALL=1 also runs the other four tests in loopback. ~2 min under TCG.
 #   tools/rxe-vm/rxe-vm -- tools/rxe-vm/dp-perf-rdma.sh [target/release/dp-perf]
 set -u
@@ -54,6 +54,7 @@ net write_lat -c UC -n 200
 net send_bw -c UD -s 512 -n 500
 net send_lat -c UD -s 64 -n 200
 net send_bw --use-srq -q 4 -s 256 -n 300
+net send_bw -b -q 2 -s 256 -n 300
 net write_bw -q 2 -l 8 -s 1024 -n 800
 net read_bw -D 1 -s 4096
 net send_lat -c UD -a -n 20
