@@ -11,10 +11,11 @@
 //!   the publication, reads the message's first word and returns the slot. That is the data
 //!   movement of a `send_bw` test with no protocol at all. How fast it goes depends on how the
 //!   slots are laid out and reused (a ring larger than the caches streams to memory; slots
-//!   4 KiB apart alias in the store buffer), and a transport is free to pick the best layout,
-//!   so `copy` runs several layouts ([`LAYOUTS`]) and reports the fastest: the bandwidth any
-//!   shared-memory transport moving the same bytes between the same cores can at best
-//!   approach.
+//!   4 KiB apart alias in the store buffer; a publication per message is a cache-line
+//!   transfer the next message's stores wait behind, where a post list publishes once), and
+//!   a transport is free to pick the best layout, so `copy` runs several layouts
+//!   ([`LAYOUTS`]) and reports the fastest: the bandwidth any shared-memory transport moving
+//!   the same bytes between the same cores can at best approach.
 
 mod fifo;
 mod hiccup;
@@ -176,17 +177,25 @@ struct Layout {
     /// Bytes added to each slot's 64-byte-rounded size (64: consecutive slots of a 4 KiB
     /// message no longer sit 4 KiB apart, which aliases in the store buffer).
     pad: usize,
+    /// Messages per publication (1: every message; more: once per batch, as a post list
+    /// rings one doorbell, and the consumer frees a batch at once). At most half the slots.
+    batch: usize,
 }
 
 /// The layouts `copy` tries: one slot per receive, `--slots` of them (dp-perf's before it
 /// cycled through a page as perftest does, `--cycle-buffer 0`), and rings
 /// small enough to stay in the caches, so the same lines are reused as perftest reuses its
 /// buffers.
-const LAYOUTS: [Layout; 4] = [
-    Layout { name: "ring", slots: 0, pad: 0 },
-    Layout { name: "ring-padded", slots: 0, pad: 64 },
-    Layout { name: "cached-16", slots: 16, pad: 0 },
-    Layout { name: "cached-16-padded", slots: 16, pad: 64 },
+/// The batched ones publish as `dp-perf -l 32` posts (session 23: with its copies on the
+/// receiver's core, `dp-perf` 4 KiB outran the per-message layouts whenever cache-line
+/// transfers were slow, so those no longer bounded it).
+const LAYOUTS: [Layout; 6] = [
+    Layout { name: "ring", slots: 0, pad: 0, batch: 1 },
+    Layout { name: "ring-padded", slots: 0, pad: 64, batch: 1 },
+    Layout { name: "cached-16", slots: 16, pad: 0, batch: 1 },
+    Layout { name: "cached-16-padded", slots: 16, pad: 64, batch: 1 },
+    Layout { name: "cached-64-batch-32", slots: 64, pad: 0, batch: 32 },
+    Layout { name: "cached-64-batch-32-padded", slots: 64, pad: 64, batch: 32 },
 ];
 
 fn copy(args: &Args, size: usize, iters: u64, slots: usize) {
@@ -198,7 +207,8 @@ fn copy(args: &Args, size: usize, iters: u64, slots: usize) {
         .iter()
         .map(|l| {
             let n = if l.slots == 0 { slots } else { l.slots.min(slots) };
-            (l, copy_once(args, size, iters, n, size.div_ceil(64) * 64 + l.pad))
+            let batch = l.batch.min(n / 2).max(1);
+            (l, copy_once(args, size, iters, n, size.div_ceil(64) * 64 + l.pad, batch))
         })
         .collect();
     let (best, secs) = runs.iter().min_by(|a, b| a.1.total_cmp(&b.1)).expect("at least one layout");
@@ -227,8 +237,9 @@ fn copy(args: &Args, size: usize, iters: u64, slots: usize) {
     }
 }
 
-/// One run of the copy transport through `slots` slots `stride` bytes apart; returns seconds.
-fn copy_once(args: &Args, size: usize, iters: u64, slots: usize, stride: usize) -> f64 {
+/// One run of the copy transport through `slots` slots `stride` bytes apart, publishing every
+/// `batch` messages (and the last); returns seconds.
+fn copy_once(args: &Args, size: usize, iters: u64, slots: usize, stride: usize, batch: usize) -> f64 {
     // The ring: `slots` message slots; `head` counts messages published, `tail` consumed.
     let ring: Arc<Vec<AtomicU64>> = Arc::new((0..slots * stride / 8).map(|_| AtomicU64::new(0)).collect());
     let head = Arc::new(Line::default());
@@ -237,13 +248,20 @@ fn copy_once(args: &Args, size: usize, iters: u64, slots: usize, stride: usize) 
     let consumer = std::thread::spawn(move || {
         pin(peer);
         let mut sum = 0u64;
-        for i in 0..iters {
-            while h2.0.load(Ordering::Acquire) <= i {
+        let mut i = 0;
+        while i < iters {
+            let mut published = h2.0.load(Ordering::Acquire);
+            while published <= i {
                 std::hint::spin_loop();
+                published = h2.0.load(Ordering::Acquire);
             }
-            // Read the message's first word (as a receiver checks a header), then free the slot.
-            sum = sum.wrapping_add(r2[(i as usize % slots) * stride / 8].load(Ordering::Relaxed));
-            t2.0.store(i + 1, Ordering::Release);
+            // Read each message's first word (as a receiver checks a header), then free the
+            // slots: one store for what the publication covered.
+            while i < published {
+                sum = sum.wrapping_add(r2[(i as usize % slots) * stride / 8].load(Ordering::Relaxed));
+                i += 1;
+            }
+            t2.0.store(i, Ordering::Release);
         }
         sum
     });
@@ -261,7 +279,9 @@ fn copy_once(args: &Args, size: usize, iters: u64, slots: usize, stride: usize) 
         // it was written, and we do not write it again until `tail` (Acquire, above) says the
         // consumer is done with it.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), base.add(slot), size) };
-        head.0.store(i + 1, Ordering::Release);
+        if (i + 1) % batch as u64 == 0 || i + 1 == iters {
+            head.0.store(i + 1, Ordering::Release);
+        }
     }
     consumer.join().map(|_| start.elapsed().as_secs_f64()).expect("consumer thread")
 }
