@@ -668,28 +668,36 @@ pub(crate) mod tests {
         assert_eq!(sent, [0, 1, 2]);
     }
 
+    /// Posts a receive of `room` bytes at offset `buf` of the MR (its first `check` bytes
+    /// set to 0xEE), sends the first `len` bytes of `src` (written at offset 0) as one SEND,
+    /// and checks that it waited in the queue, then placed exactly its bytes and nothing
+    /// after them, with both completions.
+    fn queue_and_check(p: &mut Pair, src: &[u8], len: u32, buf: u64, room: u32, check: usize) {
+        let q = p.rb.shared.mq.expect("the receive CQ has a queue");
+        write_bytes(&p.mr, buf, &vec![0xEE; check]);
+        p.b.post_recv(&RecvChain::one(u64::from(len), &[Sge::new(p.mr.addr() + buf, room, p.mr.lkey())])).unwrap();
+        let wr = SendWr::send(1000 + u64::from(len)).signaled();
+        p.a.post_send(&SendChain::one(wr, &[Sge::new(p.mr.addr(), len, p.mr.lkey())])).unwrap();
+        assert!(q.ready(), "length {len}: the message waits in the queue");
+        let wc = poll_one(&mut p.rb, 10).expect("the receiver's poll delivers it");
+        assert_eq!((wc.wr_id, wc.status, wc.byte_len), (u64::from(len), WcStatus::Success, len));
+        let got = read_bytes(&p.mr, buf, check);
+        assert_eq!(&got[..len as usize], &src[..len as usize], "length {len}: the message's bytes");
+        assert!(got[len as usize..].iter().all(|&b| b == 0xEE), "length {len}: nothing after the message");
+        let sc = poll_one(&mut p.sa, 10).expect("the sender's completion");
+        assert_eq!((sc.wr_id, sc.status), (1000 + u64::from(len), WcStatus::Success));
+    }
+
     /// Every payload length a cell carries (0 to 32 bytes, in both halves of the inline
     /// copies' size classes) places exactly its bytes: the cell's words after the message
     /// (the sender stores all six) never reach the buffer, whose next byte stays as it was.
     #[test]
     fn queued_sends_of_every_length_place_exactly_their_bytes() {
         let mut p = pair("mq-lengths");
-        let q = p.rb.shared.mq.expect("the receive CQ has a queue");
         let src: Vec<u8> = (0..32u8).map(|i| i.wrapping_mul(37).wrapping_add(1)).collect();
         write_bytes(&p.mr, 0, &src);
         for len in 0..=super::MQ_PAYLOAD_MAX as u32 {
-            write_bytes(&p.mr, 1024, &[0xEE; 64]);
-            p.b.post_recv(&RecvChain::one(u64::from(len), &[Sge::new(p.mr.addr() + 1024, 64, p.mr.lkey())])).unwrap();
-            let wr = SendWr::send(1000 + u64::from(len)).signaled();
-            p.a.post_send(&SendChain::one(wr, &[Sge::new(p.mr.addr(), len, p.mr.lkey())])).unwrap();
-            assert!(q.ready(), "length {len}: the message waits in the queue");
-            let wc = poll_one(&mut p.rb, 10).expect("the receiver's poll delivers it");
-            assert_eq!((wc.wr_id, wc.status, wc.byte_len), (u64::from(len), WcStatus::Success, len));
-            let got = read_bytes(&p.mr, 1024, 64);
-            assert_eq!(&got[..len as usize], &src[..len as usize], "length {len}: the message's bytes");
-            assert!(got[len as usize..].iter().all(|&b| b == 0xEE), "length {len}: nothing after the message");
-            let sc = poll_one(&mut p.sa, 10).expect("the sender's completion");
-            assert_eq!((sc.wr_id, sc.status), (1000 + u64::from(len), WcStatus::Success));
+            queue_and_check(&mut p, &src, len, 1024, 64, 64);
         }
     }
 
@@ -698,22 +706,10 @@ pub(crate) mod tests {
     #[test]
     fn larger_sends_go_by_reference_and_place_exactly_their_bytes() {
         let mut p = pair("mq-ref");
-        let q = p.rb.shared.mq.expect("the receive CQ has a queue");
         let src: Vec<u8> = (0..2000u32).map(|i| (i.wrapping_mul(131) % 251) as u8).collect();
         write_bytes(&p.mr, 0, &src);
         for len in [33u32, 40, 63, 64, 65, 200, 1000, 2000] {
-            write_bytes(&p.mr, 2048, &[0xEE; 2048]);
-            p.b.post_recv(&RecvChain::one(u64::from(len), &[Sge::new(p.mr.addr() + 2048, 2040, p.mr.lkey())])).unwrap();
-            let wr = SendWr::send(1000 + u64::from(len)).signaled();
-            p.a.post_send(&SendChain::one(wr, &[Sge::new(p.mr.addr(), len, p.mr.lkey())])).unwrap();
-            assert!(q.ready(), "length {len}: the message waits in the queue");
-            let wc = poll_one(&mut p.rb, 10).expect("the receiver's poll delivers it");
-            assert_eq!((wc.wr_id, wc.status, wc.byte_len), (u64::from(len), WcStatus::Success, len));
-            let got = read_bytes(&p.mr, 2048, 2048);
-            assert_eq!(&got[..len as usize], &src[..len as usize], "length {len}: the message's bytes");
-            assert!(got[len as usize..].iter().all(|&b| b == 0xEE), "length {len}: nothing after the message");
-            let sc = poll_one(&mut p.sa, 10).expect("the sender's completion");
-            assert_eq!((sc.wr_id, sc.status), (1000 + u64::from(len), WcStatus::Success));
+            queue_and_check(&mut p, &src, len, 2048, 2040, 2048);
         }
     }
 

@@ -146,9 +146,20 @@ fn progress_timeout(args: &Args, size: u64) -> Duration {
     peer_timeout(args) + Duration::from_secs_f64(per_completion as f64 / 1e6)
 }
 
-/// The client's part of one size (and with -b the server's too; `hold`: its sends wait for
-/// the peer's first message, as a server process's must).
-fn measure<P: Provider>(
+/// The client's part of one size.
+fn measure<P: Provider>(args: &Args, size: u64, inline: u32, c: &mut End<P>, s: &Remote, sh: &Shared) -> Res<Outcome> {
+    if args.test.is_lat() {
+        let mut live = Live::with_timeout(sh, progress_timeout(args, size), "waiting for a reply or completion");
+        lat::run_client(args.test, args, size, inline, c, s, &mut live).map(Outcome::Lat)
+    } else {
+        measure_bw(args, size, inline, c, s, sh, false).map(Outcome::Bw)
+    }
+}
+
+/// A bandwidth test's sending end (the client's, and with -b the server's too, receiving
+/// the other direction as it sends; `hold`: its sends wait for the peer's first message, as a
+/// server process's must).
+fn measure_bw<P: Provider>(
     args: &Args,
     size: u64,
     inline: u32,
@@ -156,20 +167,14 @@ fn measure<P: Provider>(
     s: &Remote,
     sh: &Shared,
     hold: bool,
-) -> Res<Outcome> {
-    let limit = progress_timeout(args, size);
-    if args.test.is_lat() {
-        let mut live = Live::with_timeout(sh, limit, "waiting for a reply or completion");
-        lat::run_client(args.test, args, size, inline, c, s, &mut live).map(Outcome::Lat)
-    } else {
-        let mut live = Live::with_timeout(sh, limit, "waiting for send completions");
-        let mut rx = args.bidirectional.then(|| {
-            let mut r = bw::Receiver::new(c);
-            r.hold_sends = hold;
-            r
-        });
-        bw::run_client(args, size, inline, c, s, &mut live, rx.as_mut()).map(Outcome::Bw)
-    }
+) -> Res<Bw> {
+    let mut live = Live::with_timeout(sh, progress_timeout(args, size), "waiting for send completions");
+    let mut rx = args.bidirectional.then(|| {
+        let mut r = bw::Receiver::new(c);
+        r.hold_sends = hold;
+        r
+    });
+    bw::run_client(args, size, inline, c, s, &mut live, rx.as_mut())
 }
 
 fn print(args: &Args, rep: &mut Report, size: u64, o: &Outcome) -> Res<()> {
@@ -221,11 +226,7 @@ fn loopback<P: Backend>(args: &Args) -> Res<()> {
                     pin(args.peer_core.try_into().ok(), "--peer-core")?;
                     let r = if args.bidirectional {
                         // -b: the server end measures its own direction as the client does.
-                        match measure(args, size, inline, srv, &to_c, sh, false) {
-                            Ok(Outcome::Bw(b)) => Ok(Some(b)),
-                            Ok(Outcome::Lat(_)) => Err("-b: a latency test".to_owned()),
-                            Err(e) => Err(e),
-                        }
+                        measure_bw(args, size, inline, srv, &to_c, sh, false).map(Some)
                     } else {
                         serve(args, size, inline, srv, &to_c, sh).map(|_| None)
                     };
@@ -237,7 +238,7 @@ fn loopback<P: Backend>(args: &Args) -> Res<()> {
             });
             let client = sc.spawn(|| {
                 pin(args.my_core(), "--core")?;
-                let o = measure(args, size, inline, &mut c, &to_s, sh, false);
+                let o = measure(args, size, inline, &mut c, &to_s, sh);
                 sh.stop();
                 o
             });
@@ -291,7 +292,7 @@ fn client_size<P: Backend>(args: &Args, ctx: &P::Context, ctl: &mut Ctl, size: u
     let (o, theirs) = std::thread::scope(|sc| {
         let t = sc.spawn(|| {
             pin(args.my_core(), "--core")?;
-            measure(args, size, inline, &mut c, &to_s, &sh, false)
+            measure(args, size, inline, &mut c, &to_s, &sh)
         });
         let early = ctl.watch(&sh, &t, peer_timeout(args))?;
         let o = t.join().map_err(|_| "the test thread panicked".to_owned())??;
@@ -361,10 +362,8 @@ fn server_run<P: Backend>(args: &mut Args, ctl: &mut Ctl) -> Res<()> {
                 if args.bidirectional {
                     // -b: this end measures its own direction too, its sends held until the
                     // client's first message shows the client's QP connected.
-                    match measure(args, size, inline, &mut s, &to_c, &sh, true)? {
-                        Outcome::Bw(b) => Ok((format!("bw {}", b.to_wire()), Some(b))),
-                        Outcome::Lat(_) => Err("-b: a latency test".to_owned()),
-                    }
+                    let b = measure_bw(args, size, inline, &mut s, &to_c, &sh, true)?;
+                    Ok((format!("bw {}", b.to_wire()), Some(b)))
                 } else {
                     serve(args, size, inline, &mut s, &to_c, &sh).map(|got| (got.to_string(), None))
                 }
