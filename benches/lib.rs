@@ -25,6 +25,8 @@ pub struct Loopback {
     pub region: <P as Provider>::Region,
     /// `b`'s SRQ, when built with [`Loopback::with_srq`].
     pub srq: Option<<P as Provider>::Srq>,
+    /// Bytes per message: the send buffer's and each receive slot's size.
+    pub size: u32,
 }
 
 /// Receive buffers posted on `b`.
@@ -33,21 +35,29 @@ pub const DEPTH: u32 = 1024;
 impl Loopback {
     /// Builds the pair on a fresh fabric named `name`.
     pub fn new(name: &str) -> Loopback {
-        Self::build(name, false)
+        Self::build(name, false, 8)
+    }
+
+    /// Like [`Loopback::new`], with receive slots (and [`Loopback::send_sge`]) of `size`
+    /// bytes (at least 8, at most 64 KiB).
+    pub fn with_size(name: &str, size: u32) -> Loopback {
+        Self::build(name, false, size.clamp(8, 64 << 10))
     }
 
     /// Like [`Loopback::new`], but `b` receives through an SRQ (`DEPTH` requests posted).
     pub fn with_srq(name: &str) -> Loopback {
-        Self::build(name, true)
+        Self::build(name, true, 8)
     }
 
-    fn build(name: &str, use_srq: bool) -> Loopback {
-        let cfg =
-            ShmConfig { fabric: format!("{name}-{}", std::process::id()), size: 32 << 20, huge: HugePolicy::default() };
+    fn build(name: &str, use_srq: bool, size: u32) -> Loopback {
+        // The send buffer, then DEPTH receive slots of `size` (at least 64) bytes.
+        let bytes = (size.max(64) as usize * (DEPTH as usize + 1)).next_power_of_two().max(1 << 20);
+        let fabric = format!("{name}-{}", std::process::id());
+        let cfg = ShmConfig { fabric, size: (32 << 20) + 2 * bytes, huge: HugePolicy::default() };
         let ctx = P::open(&cfg).expect("open");
         let pd = ctx.alloc_pd().unwrap();
-        let region = ctx.alloc_region(1 << 20).unwrap();
-        let mr = pd.reg_mr(&region, 0, 1 << 20, AccessFlags::LOCAL_WRITE).unwrap();
+        let region = ctx.alloc_region(bytes).unwrap();
+        let mr = pd.reg_mr(&region, 0, bytes, AccessFlags::LOCAL_WRITE).unwrap();
         let acq = ctx.create_cq(DEPTH).unwrap();
         let bcq = ctx.create_cq(DEPTH).unwrap();
         let cap = QpCaps { max_send_wr: DEPTH, max_recv_wr: DEPTH, ..Default::default() };
@@ -62,7 +72,7 @@ impl Loopback {
         let to = |qpn| PeerAddr { qpn, psn: 0, ah: AhAttr { port_num: 1, ..Default::default() } };
         a.connect(&to(qb), &ConnectOpts::default()).unwrap();
         b.connect(&to(qa), &ConnectOpts::default()).unwrap();
-        let mut lb = Loopback { ctx, a, b, acq, bcq, mr, region, srq };
+        let mut lb = Loopback { ctx, a, b, acq, bcq, mr, region, srq, size };
         let mut rc = RecvChain::with_capacity(DEPTH as usize, DEPTH as usize);
         for i in 0..DEPTH as u64 {
             rc.push(RecvWr::new(i), &[lb.recv_sge(i)]);
@@ -74,14 +84,15 @@ impl Loopback {
         lb
     }
 
-    /// The receive buffer of slot `i` (64 bytes each, after the first 4 KiB).
+    /// The receive buffer of slot `i` (`max(size, 64)` bytes each, after the send buffer).
     pub fn recv_sge(&self, i: u64) -> Sge {
-        Sge::new(self.mr.addr() + 4096 + (i % DEPTH as u64) * 64, 64, self.mr.lkey())
+        let slot = u64::from(self.size.max(64));
+        Sge::new(self.mr.addr() + slot + (i % DEPTH as u64) * slot, slot as u32, self.mr.lkey())
     }
 
-    /// An 8-byte send SGE.
+    /// The send SGE: `size` bytes (8 unless built by [`Loopback::with_size`]).
     pub fn send_sge(&self) -> Sge {
-        Sge::new(self.mr.addr(), 8, self.mr.lkey())
+        Sge::new(self.mr.addr(), self.size, self.mr.lkey())
     }
 }
 

@@ -1,6 +1,7 @@
 //! A fixed amount of the `post_poll` bench's work, for instruction profiles:
-//! `valgrind --tool=callgrind target/release/examples/profile_post_poll BATCH ROUNDS`
-//! (instructions per message = total / (BATCH * ROUNDS), minus the setup).
+//! `valgrind --tool=callgrind target/release/examples/profile_post_poll BATCH ROUNDS [SIZE]`
+//! (instructions per message = total / (BATCH * ROUNDS), minus the setup; SIZE: bytes per
+//! message, 8 by default; above 32 a queued SEND goes by reference).
 
 use dataplane::verbs::{RecvChain, WorkCompletion};
 use dataplane_benches::{round, send_chain, Loopback};
@@ -9,12 +10,13 @@ fn main() {
     let mut args = std::env::args().skip(1).map(|a| a.parse::<usize>());
     let batch = args.next().and_then(Result::ok).unwrap_or(1).clamp(1, 64);
     let rounds = args.next().and_then(Result::ok).unwrap_or(100_000);
-    let mut lb = Loopback::new("profile-post-poll");
+    let size = args.next().and_then(Result::ok).unwrap_or(8) as u32;
+    let mut lb = Loopback::with_size("profile-post-poll", size);
     let mut rchain = RecvChain::with_capacity(64, 64);
     let mut wc = [WorkCompletion::default(); 64];
     let chain = send_chain(&lb, batch);
     for _ in 0..rounds {
         round(&mut lb, &chain, &mut rchain, &mut wc);
     }
-    println!("{} messages in chains of {batch}", rounds * batch);
+    println!("{} messages of {} bytes in chains of {batch}", rounds * batch, lb.size);
 }
