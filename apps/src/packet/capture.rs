@@ -237,7 +237,8 @@ impl Handler for PcapReplay {
         }
         let mut n = cx.room().min(self.burst) as u64;
         if self.rate != 0 {
-            let now = cx.now_ns();
+            // Pacing only: the unfenced read.
+            let now = cx.now_ns_unordered();
             let elapsed = now - *self.start_ns.get_or_insert(now);
             n = n.min(self.pacer.allowed(elapsed, self.sent + self.too_long));
         }

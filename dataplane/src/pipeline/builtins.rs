@@ -180,7 +180,9 @@ impl Handler for Source {
         if cx.stopping() {
             return 0;
         }
-        let now = cx.now_ns();
+        // Read every loop while paced: the unfenced read (pacing, and a send stamp that can
+        // only make the sink's latency err long).
+        let now = cx.now_ns_unordered();
         let start = *self.start_ns.get_or_insert(now);
         let elapsed = now - start;
         let l = self.limits;

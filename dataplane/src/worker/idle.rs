@@ -5,7 +5,12 @@ use crossbeam_utils::Backoff;
 /// The idle policy of a worker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum IdleKind {
-    /// Busy-poll: a spin-loop hint only. Lowest latency.
+    /// Busy-poll, nothing between polls. Lowest latency.
+    ///
+    /// No spin-loop hint either: on the development VM's CPU a PAUSE takes 25 ns, half of a
+    /// server worker's idle loop, and without it the echo pipeline's one-way latency fell
+    /// from 195 to 166 ns (`tools/bench-ab`, docs/benchmarks.md, session 24). The hint is
+    /// for a sibling hyperthread's sake: `SpinThenPause` with a `spin_count` gives it.
     #[default]
     Spin,
     /// Spin for `spin_count` empty loops, then a burst of CPU pause instructions per loop.
@@ -43,7 +48,7 @@ impl Idle {
     pub fn idle(&mut self) {
         self.empty = self.empty.saturating_add(1);
         match self.kind {
-            IdleKind::Spin => std::hint::spin_loop(),
+            IdleKind::Spin => {}
             IdleKind::SpinThenPause => {
                 if self.empty > self.spin_count {
                     for _ in 0..32 {
