@@ -106,8 +106,14 @@ impl Control {
         }
     }
 
+    /// Every worker calls this every `EVENT_PERIOD` loops, nearly always with no event: a
+    /// plain load first, so that the shared slots are not taken exclusive (a failed
+    /// compare-exchange is still a locked write access) and bounced between the workers' cores.
     fn take_srq_event(&self, srqn: u32) -> bool {
-        self.srq_events.iter().any(|s| s.compare_exchange(srqn, 0, Ordering::AcqRel, Ordering::Relaxed).is_ok())
+        self.srq_events.iter().any(|s| {
+            s.load(Ordering::Relaxed) == srqn
+                && s.compare_exchange(srqn, 0, Ordering::AcqRel, Ordering::Relaxed).is_ok()
+        })
     }
 }
 
