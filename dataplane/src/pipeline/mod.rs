@@ -56,7 +56,7 @@ impl Clock {
     #[inline]
     pub fn now_ns(&self) -> u64 {
         after_prior_loads();
-        self.counter.delta_as_nanos(self.base, self.counter.raw())
+        self.now_ns_unordered()
     }
 
     /// [`Clock::now_ns`] without the fence: the counter may be read before earlier loads

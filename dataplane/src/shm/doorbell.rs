@@ -433,9 +433,9 @@ fn mq_reserve(m: &mut MqSend, rq: &RecvRing) -> bool {
 /// Receiver-side delivery of an RC SEND (`shm::drain`), once [`mq_reserve`] found a
 /// receive request to reserve: claims a cell of the target's receive CQ's queue and writes
 /// the message there (one cache line; `REF`: a payload above 32 bytes, by reference); the
-/// drainer takes the request, places the bytes and writes both completions. Called by `post_fast` after every check of the general path
-/// (a target with no request left goes to the general path, which decides RNR after the
-/// queued SENDs are drained).
+/// drainer takes the request, places the bytes and writes both completions. Called by
+/// `post_fast` after every check of the general path (a target with no request left goes to
+/// the general path, which decides RNR after the queued SENDs are drained).
 #[inline(always)]
 fn post_mq<const REF: bool>(
     f: &Fabric,

@@ -719,14 +719,22 @@ pub(crate) mod tests {
     fn a_send_by_reference_into_a_short_buffer_fails_both_sides() {
         let mut p = pair("mq-ref-short");
         write_bytes(&p.mr, 1024, &[0xEE; 256]);
-        p.b.post_recv(&RecvChain::one(1, &[Sge::new(p.mr.addr() + 1024, 100, p.mr.lkey())])).unwrap();
-        p.a.post_send(&SendChain::one(SendWr::send(2), &[Sge::new(p.mr.addr(), 200, p.mr.lkey())])).unwrap();
+        send_into_short_buffer(&mut p, 100, 200);
+        assert!(read_bytes(&p.mr, 1024 + 100, 156).iter().all(|&b| b == 0xEE), "nothing past the buffer");
+    }
+
+    /// Posts a receive of `room` bytes at offset 1024 of the MR (`wr_id` 1), sends `len`
+    /// bytes (more than `room`) unsignaled (`wr_id` 2), and checks that both sides fail as the
+    /// general path fails them: LOC_LEN_ERR for the receiver, REM_INV_REQ_ERR for the sender,
+    /// both QPs in ERROR.
+    fn send_into_short_buffer(p: &mut Pair, room: u32, len: u32) {
+        p.b.post_recv(&RecvChain::one(1, &[Sge::new(p.mr.addr() + 1024, room, p.mr.lkey())])).unwrap();
+        p.a.post_send(&SendChain::one(SendWr::send(2), &[Sge::new(p.mr.addr(), len, p.mr.lkey())])).unwrap();
         let rc = poll_one(&mut p.rb, 10).expect("receive completion");
         assert_eq!((rc.wr_id, rc.status), (1, WcStatus::LocLenErr));
         let sc = poll_one(&mut p.sa, 10).expect("the unsignaled send's error completion");
         assert_eq!((sc.wr_id, sc.status), (2, WcStatus::RemInvReqErr));
         assert_eq!((p.a.state(), p.b.state()), (QpState::Error, QpState::Error));
-        assert!(read_bytes(&p.mr, 1024 + 100, 156).iter().all(|&b| b == 0xEE), "nothing past the buffer");
     }
 
     /// A cell by reference that names bytes outside the arena (a hostile or corrupt sender)
@@ -753,14 +761,7 @@ pub(crate) mod tests {
     /// it: LOC_LEN_ERR for the receiver, REM_INV_REQ_ERR for the sender, both QPs in ERROR.
     #[test]
     fn a_queued_send_into_a_short_buffer_fails_both_sides() {
-        let mut p = pair("mq-short");
-        p.b.post_recv(&RecvChain::one(1, &[Sge::new(p.mr.addr() + 1024, 4, p.mr.lkey())])).unwrap();
-        p.a.post_send(&SendChain::one(SendWr::send(2), &[Sge::new(p.mr.addr(), 8, p.mr.lkey())])).unwrap();
-        let rc = poll_one(&mut p.rb, 10).expect("receive completion");
-        assert_eq!((rc.wr_id, rc.status), (1, WcStatus::LocLenErr));
-        let sc = poll_one(&mut p.sa, 10).expect("the unsignaled send's error completion");
-        assert_eq!((sc.wr_id, sc.status), (2, WcStatus::RemInvReqErr));
-        assert_eq!((p.a.state(), p.b.state()), (QpState::Error, QpState::Error));
+        send_into_short_buffer(&mut pair("mq-short"), 4, 8);
     }
 
     /// With no receive posted, nothing is queued (RNR at post time): the SEND waits and is
