@@ -64,6 +64,9 @@ fn latency_tests_report_percentiles_in_order() {
             number(line, "t_max"),
         );
         assert!(min > 0.0 && min <= typ && typ <= p99 && p99 <= p999 && p999 <= p9999 && p9999 <= max, "{line}");
+        // The median in nanoseconds is t_typical before its rounding to 0.01 us.
+        let typ_ns = number(line, "t_typical_ns");
+        assert!(typ_ns > 0.0 && (typ_ns / 1000.0 - typ).abs() <= 0.0051, "{line}");
     }
 }
 

@@ -193,7 +193,7 @@ fn check(rx: &Receiver<'_>, wc: &Wc, want: u64, size: usize) {
 }
 
 /// Ping-pong through two FIFOs: one-way latency (half round trip), each sample timed with
-/// `Instant` as `pingpong` and `dp-perf send_lat` time theirs.
+/// the TSC as `pingpong` and `dp-perf send_lat` time theirs.
 pub fn lat(core: usize, peer: usize, json: bool, size: usize, iters: u64) {
     check_size(size);
     let (to_peer, to_us) = (Arc::new(Fifo::new(256)), Arc::new(Fifo::new(256)));
@@ -216,17 +216,20 @@ pub fn lat(core: usize, peer: usize, json: bool, size: usize, iters: u64) {
     pin(core);
     let (mut rx, mut tx) = (Receiver::new(&to_us, 64), Sender::new(&to_peer));
     let mut wc = [Wc::default(); 1];
+    // The TSC, read as dp-perf's latency tests read it (unfenced start, fenced end), so the
+    // limit and the transport pay the same clock cost per sample.
+    let clock = dataplane::pipeline::Clock::new();
     let mut hist = Histogram::<u64>::new_with_bounds(1, 10_000_000_000, 3).expect("histogram bounds");
     let mut start = Instant::now();
     for i in 0..total {
         if i == warm {
             start = Instant::now();
         }
-        let t0 = Instant::now();
+        let t0 = clock.now_ns_unordered();
         tx.post(&payload, i, 1, IMM);
         while rx.poll(&mut wc) == 0 {}
         if i >= warm {
-            hist.record((t0.elapsed().as_nanos() as u64 / 2).max(1)).ok();
+            hist.record((clock.now_ns().saturating_sub(t0) / 2).max(1)).ok();
         }
         check(&rx, &wc[0], i, size);
         rx.post_recv(wc[0].wr_id);

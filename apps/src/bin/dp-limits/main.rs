@@ -4,8 +4,8 @@
 //!
 //! - `pingpong`: one cache line bounced between two pinned threads. Each side spins on the
 //!   other's line; one round trip is two cache-line transfers. Reported as half the round trip
-//!   (perftest's convention), each sample timed with `Instant` like `dp-perf` times its own, so
-//!   the timer's cost is in both.
+//!   (perftest's convention), each sample timed from the TSC like `dp-perf` times its own
+//!   (`dataplane::pipeline::Clock`: unfenced start, fenced end), so the timer's cost is in both.
 //! - `copy`: a plain `memcpy` transport between two pinned threads. The producer copies each
 //!   message from its private buffer into a slot of a ring and publishes it; the consumer sees
 //!   the publication, reads the message's first word and returns the slot. That is the data
@@ -140,19 +140,22 @@ fn pingpong(args: &Args, iters: u64) {
         }
     });
     pin(args.core);
+    // The TSC, read as dp-perf's latency tests read it (unfenced start, fenced end), so the
+    // limit and the transport pay the same clock cost per sample.
+    let clock = dataplane::pipeline::Clock::new();
     let mut hist = Histogram::<u64>::new_with_bounds(1, 10_000_000_000, 3).expect("histogram bounds");
     let mut start = Instant::now();
     for i in 1..=total {
         if i == warm + 1 {
             start = Instant::now();
         }
-        let t0 = Instant::now();
+        let t0 = clock.now_ns_unordered();
         ping.0.store(i, Ordering::Release);
         while pong.0.load(Ordering::Acquire) != i {
             std::hint::spin_loop();
         }
         if i > warm {
-            hist.record((t0.elapsed().as_nanos() as u64 / 2).max(1)).ok();
+            hist.record((clock.now_ns().saturating_sub(t0) / 2).max(1)).ok();
         }
     }
     let avg = start.elapsed().as_nanos() as f64 / iters as f64 / 2.0;

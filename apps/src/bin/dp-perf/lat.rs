@@ -5,24 +5,29 @@ use crate::args::{Args, Test};
 use crate::bw::wr_for;
 use crate::live::{Live, Res};
 use crate::setup::{End, Remote};
+use dataplane::pipeline::Clock;
 use dataplane::verbs::*;
 use dataplane::{Cq, MemRegion, Provider, Qp, Srq};
 use hdrhistogram::Histogram;
 use std::time::{Duration, Instant};
 
-fn post_recv<P: Provider>(e: &mut End<P>, i: u64) -> Res<()> {
-    let c = RecvChain::one(i, &[e.recv_sge(i)]);
+/// Reposts receive `i` through `c`, a chain the caller keeps (one allocation per run, not
+/// one per message: the server's repost runs between two pings).
+fn post_recv<P: Provider>(e: &mut End<P>, c: &mut RecvChain, i: u64) -> Res<()> {
+    c.clear();
+    c.push(RecvWr::new(i), &[e.recv_sge(i)]);
     match e.srq.as_mut() {
-        Some(s) => s.post_recv(&c),
-        None => e.qps[0].post_recv(&c),
+        Some(s) => s.post_recv(c),
+        None => e.qps[0].post_recv(c),
     }
     .map_err(|err| format!("post_recv: {err}"))
 }
 
 /// Receive side of send_lat (both ends): `rx-depth` receives, before the peer may send.
 pub fn post_initial_recvs<P: Provider>(e: &mut End<P>, args: &Args) -> Res<()> {
+    let mut c = RecvChain::with_capacity(1, 1);
     for i in 0..args.rx_depth as u64 {
-        post_recv(e, i)?;
+        post_recv(e, &mut c, i)?;
     }
     Ok(())
 }
@@ -102,6 +107,7 @@ pub fn serve<P: Provider>(
     live: &mut Live,
 ) -> Res<()> {
     let mut chain = SendChain::with_capacity(1, 1);
+    let mut rchain = RecvChain::with_capacity(1, 1);
     let cq_mod = args.cq_mod as u64;
     let dest = s.dests[0];
     match test {
@@ -112,7 +118,7 @@ pub fn serve<P: Provider>(
                 // receives stay posted, so the next ping always finds one.
                 let wr = wr_for(test, i, i, size, inline, dest, c);
                 post_one(s, &mut chain, wr, s.sge(0, size), (i + 1) % cq_mod == 0, live)?;
-                post_recv(s, w.wr_id)?;
+                post_recv(s, &mut rchain, w.wr_id)?;
                 reap(s)?;
                 i += 1;
             }
@@ -155,13 +161,19 @@ pub fn run_client<P: Provider>(
     let deadline = args.duration.map(|d| Instant::now() + Duration::from_secs_f64(d));
     let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("constant histogram bounds");
     let mut chain = SendChain::with_capacity(1, 1);
+    let mut rchain = RecvChain::with_capacity(1, 1);
     let cq_mod = args.cq_mod as u64;
     let dest = c.dests[0];
     let start = Instant::now();
     let mut progress = crate::report::Progress::new(start);
     let mut wc = [WorkCompletion::default()];
+    // Samples are read from the TSC (`Clock`), as perftest (`get_cycles`) and ucx_perftest
+    // do: `Instant::now` is a vDSO call of ~25 ns on this VM, about half of which lands
+    // inside each sample. The start is read unfenced (read early, it only lengthens the
+    // sample); the end is fenced behind the loads that saw the reply.
+    let clock = Clock::new();
     for i in 0..iters {
-        let t0 = Instant::now();
+        let t0 = clock.now_ns_unordered();
         let sample = match test {
             Test::send_lat => {
                 let wr = wr_for(test, i, i, size, inline, dest, s);
@@ -170,8 +182,8 @@ pub fn run_client<P: Provider>(
                     return Err("send_lat: stopped while waiting for a reply".into());
                 };
                 // The sample ends at the reply's completion; reposting is bookkeeping.
-                let ns = t0.elapsed().as_nanos() as u64 / 2;
-                post_recv(c, w.wr_id)?;
+                let ns = clock.now_ns().saturating_sub(t0) / 2;
+                post_recv(c, &mut rchain, w.wr_id)?;
                 reap(c)?;
                 ns
             }
@@ -185,7 +197,7 @@ pub fn run_client<P: Provider>(
                     live.idle()?;
                 }
                 live.progress();
-                let ns = t0.elapsed().as_nanos() as u64 / 2;
+                let ns = clock.now_ns().saturating_sub(t0) / 2;
                 reap(c)?;
                 ns
             }
@@ -197,10 +209,11 @@ pub fn run_client<P: Provider>(
                     live.idle()?;
                 }
                 live.progress();
+                let ns = clock.now_ns().saturating_sub(t0);
                 if !wc[0].is_ok() {
                     return Err(format!("completion: {}", wc[0].status));
                 }
-                t0.elapsed().as_nanos() as u64
+                ns
             }
         };
         hist.record(sample.max(1)).ok();
