@@ -15,12 +15,14 @@ use super::mr::mr_lookup;
 use super::msgq::{MsgQueue, PAYLOAD_WORDS};
 use super::place::*;
 use super::recvq::{self, MAX_SGE};
-use super::sq::{BlockKind, Blocked, HeldDest, HeldRecv, MqSend, SqState, MAX_HELD};
+use super::sq::{BlockKind, Blocked, HeldDest, HeldRecv, MqSend, SqState, MAX_HELD, SRQ_STREAM_RUN};
+use super::srq::SrqView;
 use super::wire::RecvRing;
 use super::wire::INLINE_CQE_MAX;
 use crate::net::frame::FrameKey;
 use crate::net::tso::TsoPlan;
 use crate::verbs::*;
+use std::cell::Cell;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -136,6 +138,7 @@ pub(crate) fn post_send(f: &Fabric, st: &mut SqState, chain: &SendChain) -> std:
         // a counter its poller keeps; `drain::Mode::Auto`).
         let polled = st.recv_cq.polled.load(Ordering::Relaxed);
         st.mq_stream = polled == st.recv_polled_seen;
+        st.stream_run = if st.mq_stream { st.stream_run.saturating_add(1) } else { 0 };
         st.recv_polled_seen = polled;
     }
     let mut retired = st.slot().sq_retired.load(Ordering::Acquire);
@@ -250,26 +253,48 @@ pub(crate) fn post_fast<const XRC: bool>(
         d
     };
     // An RC SEND to a target whose receive CQ has a message queue goes through it, if it is
-    // part of a post list, follows queued ones, or is a lone post of a streaming QP (or
-    // `Mode::All`): its receiver (or a helper) delivers it (`post_mq`). Any other lone post
-    // stays here, where the sender does the receiver's work and the receiver's poll is short
-    // (`drain::Mode`). Up to 32 bytes ride in the cell; a longer one (up to `MQ_REF_MAX`)
+    // part of a post list to an RQ or a lone post of a streaming QP, to an SRQ if this QP
+    // has streamed for `SRQ_STREAM_RUN` posts (or always, `Mode::All`), or if it follows
+    // queued ones not yet drained: its receiver (or a helper) delivers it (`post_mq`). Any
+    // other post stays here, where the sender does the receiver's work and the receiver's
+    // poll is short (`drain::Mode`). SRQ receivers are typically pipeline workers with work
+    // of their own: in the echo pipeline, whose client carries the source and the sink,
+    // queuing post lists made the busy client do the receive work that the idle server's
+    // sends did for it (9.5 -> 7.9 M msg/s), and queuing after one loop that received
+    // nothing still cost 0.73x. One-way, the receiver has the time (`send_bw --use-srq -l
+    // 32`: 16-17 -> 20-21 M msg/s). "Not yet drained" is checked (`settle`, a
+    // load of the queue's `head`) only for a lone post outside a list that claimed queue
+    // positions (the last WR of a queued list takes the claim's last one): a QP that queued
+    // once, say a
+    // paced source that caught up with a burst of two, went on queuing every later lone post
+    // while it merely had queued before, which put the drain on a ping-pong's critical path
+    // for good (the echo pipeline's round trip at 100k msg/s, once SENDs to SRQs queued:
+    // 480 -> 650 ns). Up to 32 bytes ride in the cell; a longer one (up to `MQ_REF_MAX`)
     // goes by reference, the cell naming its bytes for the drainer to copy, unless INLINE
     // (the caller may reuse those bytes once the post returns).
     if !XRC
         && is_send
         && (len <= MQ_PAYLOAD_MAX || (len <= MQ_REF_MAX && !wr.flags.contains(SendFlags::INLINE)))
-        && (rest > 0 || st.mq.last != 0 || st.mq_every || st.mq_stream)
+        && (st.mq_every
+            || (if d.rq.is_some() { rest > 0 || st.mq_stream } else { st.stream_run >= SRQ_STREAM_RUN })
+            || st.mq.claim_next != st.mq.claim_end
+            || (st.mq.last != 0 && !st.mq.settle()))
         && !st.send_cq.has_channel
     {
-        if let (Some(q), Some(rq)) = (d.mq, &d.rq) {
+        if let Some(q) = d.mq {
             // The switch and the reservation read the target's RQ here, where the view
             // is borrowed from the destination cache (a copy per message showed in
             // instruction profiles).
             if st.mq.dest != d.qpn || st.mq.cqn != d.cqn {
                 mq_switch(&mut st.mq, &st.send_cq, d.qpn, d.cqn, q);
             }
-            if !mq_reserve(&mut st.mq, rq) {
+            let reserved = match (&d.rq, &d.srq) {
+                (Some(rq), _) => mq_reserve(&mut st.mq, rq),
+                // A plain SRQ (`resolve_dest` gives no queue to a tag-matching one).
+                (None, Some(srq)) => mq_reserve_srq(f, &mut st.mq, srq, &d.srq_tail, rest),
+                (None, None) => false,
+            };
+            if !reserved {
                 return false;
             }
             let to = MqTo { q, idx: d.idx, cqn: d.cqn, pid: d.pid };
@@ -290,7 +315,7 @@ pub(crate) fn post_fast<const XRC: bool>(
         // (`resolve_dest` gives a target an RQ or an SRQ, never both.)
         let (rq, taken) = match (&d.rq, &d.srq) {
             (Some(rq), _) => (&**rq, recvq::pop_held(rq, &mut st.rx)),
-            (None, Some(srq)) if srq.tm.is_none() => (&*srq.ring, srq_take_held(f, srq, &mut st.rx)),
+            (None, Some(srq)) if srq.tm.is_none() => (&*srq.ring, srq_take_held(f, srq, &d.srq_tail, &mut st.rx)),
             _ => return false,
         };
         let pd = d.srq.map_or(d.pd, |s| s.pd);
@@ -430,6 +455,25 @@ fn mq_reserve(m: &mut MqSend, rq: &RecvRing) -> bool {
     true
 }
 
+/// [`mq_reserve`] for a target on a plain SRQ, which other QPs consume too, so its requests
+/// are reserved through the SRQ's shared count (`SrqView::reserve`): once per post list, for
+/// the rest of the list (a locked instruction per message would wait for the previous
+/// message's cell stores, as `post_mq`'s claim explains), and the units the list does not
+/// use go back at its end (`mq_close`). False when every posted request is reserved: the
+/// general path decides RNR once our queued SENDs are drained.
+#[inline(always)]
+fn mq_reserve_srq(f: &Fabric, m: &mut MqSend, srq: &SrqView, tail_seen: &Cell<u64>, rest: usize) -> bool {
+    if m.srq_left == 0 {
+        m.srq_left = srq.reserve(f, tail_seen, (rest as u64 + 1).min(MQ_CLAIM_MAX));
+        if m.srq_left == 0 {
+            return false;
+        }
+        m.srq = Some(*srq);
+    }
+    m.srq_left -= 1;
+    true
+}
+
 /// Receiver-side delivery of an RC SEND (`shm::drain`), once [`mq_reserve`] found a
 /// receive request to reserve: claims a cell of the target's receive CQ's queue and writes
 /// the message there (one cache line; `REF`: a payload above 32 bytes, by reference); the
@@ -522,6 +566,8 @@ fn mq_abandon(st: &mut SqState) {
     let m = &mut st.mq;
     m.claim_next = m.claim_end;
     m.last = 0;
+    // (Reserved SRQ requests go with their dead owner.)
+    m.srq_left = 0;
 }
 
 /// Most positions one claim of a post list takes.
@@ -535,6 +581,19 @@ pub(crate) fn mq_close(f: &Fabric, st: &mut SqState) {
     if st.mq.claim_next != st.mq.claim_end {
         mq_close_now(f, st);
     }
+    if st.mq.srq_left != 0 {
+        mq_unreserve(f, &mut st.mq);
+    }
+}
+
+/// Gives back the SRQ requests this post list reserved and did not use (`mq_reserve_srq`).
+#[cold]
+#[inline(never)]
+fn mq_unreserve(f: &Fabric, m: &mut MqSend) {
+    if let Some(srq) = m.srq {
+        srq.unreserve(f, std::mem::take(&mut m.srq_left));
+    }
+    m.srq_left = 0;
 }
 
 #[cold]
