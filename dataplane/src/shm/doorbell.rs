@@ -16,13 +16,11 @@ use super::msgq::{MsgQueue, PAYLOAD_WORDS};
 use super::place::*;
 use super::recvq::{self, MAX_SGE};
 use super::sq::{BlockKind, Blocked, HeldDest, HeldRecv, MqSend, SqState, MAX_HELD, SRQ_STREAM_RUN};
-use super::srq::SrqView;
 use super::wire::RecvRing;
 use super::wire::INLINE_CQE_MAX;
 use crate::net::frame::FrameKey;
 use crate::net::tso::TsoPlan;
 use crate::verbs::*;
-use std::cell::Cell;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -252,49 +250,37 @@ pub(crate) fn post_fast<const XRC: bool>(
     } else {
         d
     };
-    // An RC SEND to a target whose receive CQ has a message queue goes through it, if it is
-    // part of a post list to an RQ or a lone post of a streaming QP, to an SRQ if this QP
-    // has streamed for `SRQ_STREAM_RUN` posts (or always, `Mode::All`), or if it follows
-    // queued ones not yet drained: its receiver (or a helper) delivers it (`post_mq`). Any
-    // other post stays here, where the sender does the receiver's work and the receiver's
-    // poll is short (`drain::Mode`). SRQ receivers are typically pipeline workers with work
-    // of their own: in the echo pipeline, whose client carries the source and the sink,
-    // queuing post lists made the busy client do the receive work that the idle server's
-    // sends did for it (9.5 -> 7.9 M msg/s), and queuing after one loop that received
-    // nothing still cost 0.73x. One-way, the receiver has the time (`send_bw --use-srq -l
-    // 32`: 16-17 -> 20-21 M msg/s). "Not yet drained" is checked (`settle`, a
-    // load of the queue's `head`) only for a lone post outside a list that claimed queue
-    // positions (the last WR of a queued list takes the claim's last one): a QP that queued
-    // once, say a
-    // paced source that caught up with a burst of two, went on queuing every later lone post
-    // while it merely had queued before, which put the drain on a ping-pong's critical path
-    // for good (the echo pipeline's round trip at 100k msg/s, once SENDs to SRQs queued:
-    // 480 -> 650 ns). Up to 32 bytes ride in the cell; a longer one (up to `MQ_REF_MAX`)
+    // An RC SEND to a target whose receive CQ has a message queue goes through it (its
+    // receiver, or a helper, delivers it: `post_mq`), to an RQ if it is part of a post list,
+    // follows queued ones, or is a lone post of a streaming QP; to an SRQ if this QP has
+    // streamed (received nothing) for `SRQ_STREAM_RUN` posts in a row, or follows queued
+    // ones not yet drained; any SEND in `Mode::All`. Any other stays here, where the sender
+    // does the receiver's work and the receiver's poll is short (`drain::Mode`).
+    //
+    // Why the SRQ rule differs: SRQ receivers are typically pipeline workers with work of
+    // their own. In the echo pipeline, whose client carries the source and the sink, queuing
+    // post lists made the busy client do the receive work that the idle server's sends did
+    // for it (9.5 -> 7.9 M msg/s); queuing from the first post that found nothing received
+    // still cost 0.73x, and queuing for as long as queued SENDs had ever been sent (the RQ
+    // rule, `last != 0`) kept a paced pipeline on the drain path after one burst (round trip
+    // 480 -> 650 ns at 100k msg/s). One-way, the receiver has the time: `send_bw --use-srq
+    // -l 32` 1.36-1.6x. Up to 32 bytes ride in the cell; a longer one (up to `MQ_REF_MAX`)
     // goes by reference, the cell naming its bytes for the drainer to copy, unless INLINE
     // (the caller may reuse those bytes once the post returns).
     if !XRC
         && is_send
         && (len <= MQ_PAYLOAD_MAX || (len <= MQ_REF_MAX && !wr.flags.contains(SendFlags::INLINE)))
-        && (st.mq_every
-            || (if d.rq.is_some() { rest > 0 || st.mq_stream } else { st.stream_run >= SRQ_STREAM_RUN })
-            || st.mq.claim_next != st.mq.claim_end
-            || (st.mq.last != 0 && !st.mq.settle()))
+        && (rest > 0 || st.mq.last != 0 || st.mq_every || st.mq_stream)
         && !st.send_cq.has_channel
     {
-        if let Some(q) = d.mq {
+        if let (Some(q), Some(rq)) = (d.mq, &d.rq) {
             // The switch and the reservation read the target's RQ here, where the view
             // is borrowed from the destination cache (a copy per message showed in
             // instruction profiles).
             if st.mq.dest != d.qpn || st.mq.cqn != d.cqn {
                 mq_switch(&mut st.mq, &st.send_cq, d.qpn, d.cqn, q);
             }
-            let reserved = match (&d.rq, &d.srq) {
-                (Some(rq), _) => mq_reserve(&mut st.mq, rq),
-                // A plain SRQ (`resolve_dest` gives no queue to a tag-matching one).
-                (None, Some(srq)) => mq_reserve_srq(f, &mut st.mq, srq, &d.srq_tail, rest),
-                (None, None) => false,
-            };
-            if !reserved {
+            if !mq_reserve(&mut st.mq, rq) {
                 return false;
             }
             let to = MqTo { q, idx: d.idx, cqn: d.cqn, pid: d.pid };
@@ -302,6 +288,14 @@ pub(crate) fn post_fast<const XRC: bool>(
                 return post_mq_ref(f, st, wr, src, len, &to, rest);
             }
             return post_mq::<false>(f, st, wr, src, len, &to, rest);
+        }
+        // Any other target with a queue is on a plain SRQ (`resolve_dest`).
+        if d.mq.is_some() {
+            match mq_reserve_srq(f, &mut st.mq, st.mq_every, st.stream_run, &st.send_cq, d, rest) {
+                SrqQueuing::No => {}
+                SrqQueuing::Empty => return false,
+                SrqQueuing::Yes(to) => return post_mq_srq(f, st, wr, src, len, &to, rest),
+            }
         }
     }
     // Anything else this QP posts waits until the SENDs it queued are drained, or it would
@@ -455,23 +449,60 @@ fn mq_reserve(m: &mut MqSend, rq: &RecvRing) -> bool {
     true
 }
 
-/// [`mq_reserve`] for a target on a plain SRQ, which other QPs consume too, so its requests
-/// are reserved through the SRQ's shared count (`SrqView::reserve`): once per post list, for
-/// the rest of the list (a locked instruction per message would wait for the previous
-/// message's cell stores, as `post_mq`'s claim explains), and the units the list does not
-/// use go back at its end (`mq_close`). False when every posted request is reserved: the
-/// general path decides RNR once our queued SENDs are drained.
-#[inline(always)]
-fn mq_reserve_srq(f: &Fabric, m: &mut MqSend, srq: &SrqView, tail_seen: &Cell<u64>, rest: usize) -> bool {
+/// What [`mq_reserve_srq`] decided.
+enum SrqQueuing {
+    /// The SEND stays on the sender-side path (the SRQ rule, in `post_fast`'s comment).
+    No,
+    /// Every posted request is reserved: the general path decides RNR once our queued SENDs
+    /// are drained.
+    Empty,
+    /// A request is reserved: queue the SEND there.
+    Yes(MqTo),
+}
+
+/// `post_fast`'s queuing decision and reservation for a target `d` on a plain SRQ, out of
+/// line so that the RQ case does not carry it (inlined, it cost +15-22 instructions per
+/// message).
+///
+/// The SRQ's requests are reserved through its shared count (`SrqView::reserve`), as other
+/// QPs consume it too: once per post list, for the rest of the list (a locked instruction
+/// per message would wait for the previous message's cell stores, as `post_mq`'s claim
+/// explains), and the units the list does not use go back at its end (`mq_close`).
+#[inline(never)]
+fn mq_reserve_srq(
+    f: &Fabric,
+    m: &mut MqSend,
+    every: bool,
+    stream_run: u32,
+    send_cq: &super::complete::CqShared,
+    d: &DestView,
+    rest: usize,
+) -> SrqQueuing {
+    let queues = every || stream_run >= SRQ_STREAM_RUN || (m.last != 0 && !m.settle());
+    let (Some(q), Some(srq), true) = (d.mq, d.srq.as_ref(), queues) else { return SrqQueuing::No };
+    if m.dest != d.qpn || m.cqn != d.cqn {
+        mq_switch(m, send_cq, d.qpn, d.cqn, q);
+    }
     if m.srq_left == 0 {
-        m.srq_left = srq.reserve(f, tail_seen, (rest as u64 + 1).min(MQ_CLAIM_MAX));
+        m.srq_left = srq.reserve(f, &d.srq_tail, (rest as u64 + 1).min(MQ_CLAIM_MAX));
         if m.srq_left == 0 {
-            return false;
+            return SrqQueuing::Empty;
         }
         m.srq = Some(*srq);
     }
     m.srq_left -= 1;
-    true
+    SrqQueuing::Yes(MqTo { q, idx: d.idx, cqn: d.cqn, pid: d.pid })
+}
+
+/// [`post_mq`] for a SEND to an SRQ, whose request [`mq_reserve_srq`] reserved (out of line,
+/// as that is).
+#[inline(never)]
+fn post_mq_srq(f: &Fabric, st: &mut SqState, wr: &SendWr, src: *mut u8, len: usize, to: &MqTo, rest: usize) -> bool {
+    if len > MQ_PAYLOAD_MAX {
+        post_mq::<true>(f, st, wr, src, len, to, rest)
+    } else {
+        post_mq::<false>(f, st, wr, src, len, to, rest)
+    }
 }
 
 /// Receiver-side delivery of an RC SEND (`shm::drain`), once [`mq_reserve`] found a

@@ -923,22 +923,33 @@ pub(crate) mod tests {
     }
 
     /// `Mode::Auto` to an SRQ: post lists and lone SENDs keep the sender-side path until
-    /// the QP has streamed (received nothing) for `SRQ_STREAM_RUN` posts in a row.
+    /// the QP has posted `SRQ_STREAM_RUN` times in a row with nothing received; once its
+    /// queued SENDs are drained and it receives, it goes back.
     #[test]
     fn auto_queues_sends_to_an_srq_only_after_a_run_of_streaming_posts() {
         let mut p = srq_pair_in("mq-srq-auto", super::Mode::Auto);
         let q = p.rb.shared.mq.expect("the receive CQ has a queue");
-        post_srq(&mut p, 0..12);
-        // The first post has nothing to compare; the next ones stream, run 1, 2, ...
-        let run = crate::shm::sq::SRQ_STREAM_RUN as u64;
+        post_srq(&mut p, 0..14);
+        let run = u64::from(crate::shm::sq::SRQ_STREAM_RUN);
+        // The first post has nothing to compare; the next ones stream: run 1, 2, ...
         send_list(&mut p, 100..102);
-        for i in 1..run {
+        for i in 2..run + 1 {
             send_list(&mut p, i..i + 1);
         }
         assert!(!q.ready() && p.rb.len() == run as usize + 1, "delivered by their sender");
-        assert_eq!(srq_counts(&p), (run + 1, run + 1, 12));
-        send_list(&mut p, run..run + 1);
-        assert!(q.ready(), "streamed for {run} posts: queued");
-        assert_eq!(srq_counts(&p), (run + 2, run + 1, 12), "reserved, not taken");
+        assert_eq!(srq_counts(&p), (run + 1, run + 1, 14));
+        send_list(&mut p, 200..202);
+        assert!(q.ready(), "{run} posts in a row with nothing received: queued");
+        assert_eq!(srq_counts(&p), (run + 3, run + 1, 14), "reserved, not taken");
+        // A receives something; B drains everything: A's next SEND is its sender's again.
+        let a_recv = Sge::new(p.mr.addr() + 3072, 64, p.mr.lkey());
+        p.a.post_recv(&RecvChain::one(7, &[a_recv])).unwrap();
+        p.b.post_send(&SendChain::one(SendWr::send(300), &[Sge::new(p.mr.addr(), 8, p.mr.lkey())])).unwrap();
+        assert_eq!(poll_one(&mut p.ra, 10).map(|w| w.wr_id), Some(7));
+        let n = (0..run as usize + 3).filter_map(|_| poll_one(&mut p.rb, 10)).count();
+        assert_eq!(n, run as usize + 3);
+        assert!(!q.ready());
+        send_list(&mut p, 300..301);
+        assert!(!q.ready() && p.rb.len() == 1, "drained and answered: delivered by its sender");
     }
 }

@@ -227,8 +227,7 @@ pub(crate) struct SqState {
     /// post, so a lone SEND takes the queue.
     pub(crate) mq_stream: bool,
     /// Consecutive `post_send`s that found nothing received since the previous one
-    /// (`Mode::Auto`, saturating): a SEND to an SRQ takes the queue from
-    /// [`SRQ_STREAM_RUN`] on.
+    /// (`Mode::Auto`, saturating): SENDs to an SRQ take the queue from [`SRQ_STREAM_RUN`] on.
     pub(crate) stream_run: u32,
 }
 
