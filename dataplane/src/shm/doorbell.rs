@@ -273,29 +273,34 @@ pub(crate) fn post_fast<const XRC: bool>(
         && (rest > 0 || st.mq.last != 0 || st.mq_every || st.mq_stream)
         && !st.send_cq.has_channel
     {
-        if let (Some(q), Some(rq)) = (d.mq, &d.rq) {
-            // The switch and the reservation read the target's RQ here, where the view
-            // is borrowed from the destination cache (a copy per message showed in
-            // instruction profiles).
-            if st.mq.dest != d.qpn || st.mq.cqn != d.cqn {
-                mq_switch(&mut st.mq, &st.send_cq, d.qpn, d.cqn, q);
-            }
-            if !mq_reserve(&mut st.mq, rq) {
-                return false;
+        'queue: {
+            let Some(q) = d.mq else { break 'queue };
+            match &d.rq {
+                // The switch and the reservation read the target's RQ here, where the view
+                // is borrowed from the destination cache (a copy per message showed in
+                // instruction profiles).
+                Some(rq) => {
+                    if st.mq.dest != d.qpn || st.mq.cqn != d.cqn {
+                        mq_switch(&mut st.mq, &st.send_cq, d.qpn, d.cqn, q);
+                    }
+                    if !mq_reserve(&mut st.mq, rq) {
+                        return false;
+                    }
+                }
+                // Any other target with a queue is on a plain SRQ (`resolve_dest`). Units
+                // left from this list's reservation: the list queues, and the queue is ours.
+                None if st.mq.srq_left != 0 => st.mq.srq_left -= 1,
+                None => match mq_reserve_srq(f, &mut st.mq, st.mq_every, st.stream_run, &st.send_cq, d, rest) {
+                    SrqQueuing::No => break 'queue,
+                    SrqQueuing::Empty => return false,
+                    SrqQueuing::Yes => {}
+                },
             }
             let to = MqTo { q, idx: d.idx, cqn: d.cqn, pid: d.pid };
             if len > MQ_PAYLOAD_MAX {
                 return post_mq_ref(f, st, wr, src, len, &to, rest);
             }
             return post_mq::<false>(f, st, wr, src, len, &to, rest);
-        }
-        // Any other target with a queue is on a plain SRQ (`resolve_dest`).
-        if d.mq.is_some() {
-            match mq_reserve_srq(f, &mut st.mq, st.mq_every, st.stream_run, &st.send_cq, d, rest) {
-                SrqQueuing::No => {}
-                SrqQueuing::Empty => return false,
-                SrqQueuing::Yes(to) => return post_mq_srq(f, st, wr, src, len, &to, rest),
-            }
         }
     }
     // Anything else this QP posts waits until the SENDs it queued are drained, or it would
@@ -456,13 +461,14 @@ enum SrqQueuing {
     /// Every posted request is reserved: the general path decides RNR once our queued SENDs
     /// are drained.
     Empty,
-    /// A request is reserved: queue the SEND there.
-    Yes(MqTo),
+    /// A request is reserved (and the queue switched to): queue the SEND there.
+    Yes,
 }
 
-/// `post_fast`'s queuing decision and reservation for a target `d` on a plain SRQ, out of
-/// line so that the RQ case does not carry it (inlined, it cost +15-22 instructions per
-/// message).
+/// `post_fast`'s queuing decision, queue switch and reservation for a target `d` on a plain
+/// SRQ, out of line so that the RQ case does not carry it (inlined, it cost the RQ case
+/// +15-22 instructions per message; the message's own `post_mq` is shared with the RQ case,
+/// as a second copy of it out of line cost `--use-srq -l 32` a third of its gain).
 ///
 /// The SRQ's requests are reserved through its shared count (`SrqView::reserve`), as other
 /// QPs consume it too: once per post list, for the rest of the list (a locked instruction
@@ -491,18 +497,7 @@ fn mq_reserve_srq(
         m.srq = Some(*srq);
     }
     m.srq_left -= 1;
-    SrqQueuing::Yes(MqTo { q, idx: d.idx, cqn: d.cqn, pid: d.pid })
-}
-
-/// [`post_mq`] for a SEND to an SRQ, whose request [`mq_reserve_srq`] reserved (out of line,
-/// as that is).
-#[inline(never)]
-fn post_mq_srq(f: &Fabric, st: &mut SqState, wr: &SendWr, src: *mut u8, len: usize, to: &MqTo, rest: usize) -> bool {
-    if len > MQ_PAYLOAD_MAX {
-        post_mq::<true>(f, st, wr, src, len, to, rest)
-    } else {
-        post_mq::<false>(f, st, wr, src, len, to, rest)
-    }
+    SrqQueuing::Yes
 }
 
 /// Receiver-side delivery of an RC SEND (`shm::drain`), once [`mq_reserve`] found a
