@@ -13,7 +13,6 @@ use super::recvq::{self, RecvEntry, MAX_SGE};
 use super::srq::{srq_view, SrqView};
 use super::wire::{CqRing, RecvRing};
 use crate::verbs::*;
-use std::cell::Cell;
 use std::sync::atomic::Ordering;
 
 /// The target of a send, resolved from the fabric and cached by the sender.
@@ -32,12 +31,10 @@ pub(crate) struct DestView {
     /// Whether the receive CQ has a completion channel (`complete::has_channel`).
     pub(crate) cq_channel: bool,
     /// The receive CQ's message queue, when small SENDs to this target go through it: an
-    /// RC target with its own RQ or a plain SRQ, whose CQ has one (`shm::drain`).
+    /// RC target with its own RQ whose CQ has one (`shm::drain`).
     pub(crate) mq: Option<super::msgq::MsgQueue>,
     /// Our cached view of the receive CQ's consumer position (`complete::push_cqe`).
     pub(crate) cq_head: std::cell::Cell<u64>,
-    /// Our cached view of the SRQ's `tail` (`SrqView::reserve`).
-    pub(crate) srq_tail: std::cell::Cell<u64>,
     /// One-sided operations since the owner's liveness was last checked ([`Self::owner_died`]).
     pub(crate) one_sided: std::cell::Cell<u32>,
     /// The owner was found dead ([`Self::owner_died`]).
@@ -116,10 +113,7 @@ pub(crate) fn resolve_dest(f: &Fabric, qpn: u32) -> Option<DestView> {
     };
     let cq = super::complete::cq_ring(f, cqn)?;
     let cq_channel = has_channel(f, cqn);
-    // Small RC SENDs to an RQ or a plain SRQ may be queued for receiver-side delivery; a
-    // tag-matching SRQ may match the message, which only the general path does.
-    let queued = rq.is_some() || srq.is_some_and(|s| s.tm.is_none());
-    let mq = if qp_type == QpType::Rc && queued && !cq_channel { super::complete::cq_msgq(f, cqn) } else { None };
+    let mq = if qp_type == QpType::Rc && rq.is_some() && !cq_channel { super::complete::cq_msgq(f, cqn) } else { None };
     let v = DestView {
         qpn,
         idx,
@@ -134,7 +128,6 @@ pub(crate) fn resolve_dest(f: &Fabric, qpn: u32) -> Option<DestView> {
         cq_channel,
         mq,
         cq_head: std::cell::Cell::new(0),
-        srq_tail: std::cell::Cell::new(0),
         one_sided: std::cell::Cell::new(0),
         owner_dead: std::cell::Cell::new(false),
     };
@@ -213,7 +206,7 @@ pub(crate) fn remote_mr(f: &Fabric, d: &DestView, wr: &SendWr, need: AccessFlags
 
 pub(crate) fn take_recv(f: &Fabric, d: &DestView, rx: &mut RecvEntry) -> bool {
     match (&d.srq, &d.rq) {
-        (Some(srq), _) => srq.take(f, &d.srq_tail, rx),
+        (Some(srq), _) => srq.take(f, rx),
         (None, Some(rq)) => recvq::pop(rq, rx),
         (None, None) => false,
     }
@@ -223,8 +216,8 @@ pub(crate) fn take_recv(f: &Fabric, d: &DestView, rx: &mut RecvEntry) -> bool {
 /// case ~17 instructions dearer per message (callgrind), for register pressure and frame
 /// size.
 #[inline(never)]
-pub(crate) fn srq_take_held(f: &Fabric, srq: &SrqView, tail_seen: &Cell<u64>, rx: &mut RecvEntry) -> Option<u64> {
-    srq.take_held(f, tail_seen, rx)
+pub(crate) fn srq_take_held(f: &Fabric, srq: &SrqView, rx: &mut RecvEntry) -> Option<u64> {
+    srq.take_held(f, rx)
 }
 
 /// A send queue's cached view of the members of the multicast group it last sent to.

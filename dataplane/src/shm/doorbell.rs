@@ -15,7 +15,7 @@ use super::mr::mr_lookup;
 use super::msgq::{MsgQueue, PAYLOAD_WORDS};
 use super::place::*;
 use super::recvq::{self, MAX_SGE};
-use super::sq::{BlockKind, Blocked, HeldDest, HeldRecv, MqSend, SqState, MAX_HELD, SRQ_STREAM_RUN};
+use super::sq::{BlockKind, Blocked, HeldDest, HeldRecv, MqSend, SqState, MAX_HELD};
 use super::wire::RecvRing;
 use super::wire::INLINE_CQE_MAX;
 use crate::net::frame::FrameKey;
@@ -136,7 +136,6 @@ pub(crate) fn post_send(f: &Fabric, st: &mut SqState, chain: &SendChain) -> std:
         // a counter its poller keeps; `drain::Mode::Auto`).
         let polled = st.recv_cq.polled.load(Ordering::Relaxed);
         st.mq_stream = polled == st.recv_polled_seen;
-        st.stream_run = if st.mq_stream { st.stream_run.saturating_add(1) } else { 0 };
         st.recv_polled_seen = polled;
     }
     let mut retired = st.slot().sq_retired.load(Ordering::Acquire);
@@ -250,21 +249,11 @@ pub(crate) fn post_fast<const XRC: bool>(
     } else {
         d
     };
-    // An RC SEND to a target whose receive CQ has a message queue goes through it (its
-    // receiver, or a helper, delivers it: `post_mq`), to an RQ if it is part of a post list,
-    // follows queued ones, or is a lone post of a streaming QP; to an SRQ if this QP has
-    // streamed (received nothing) for `SRQ_STREAM_RUN` posts in a row, or follows queued
-    // ones not yet drained; any SEND in `Mode::All`. Any other stays here, where the sender
-    // does the receiver's work and the receiver's poll is short (`drain::Mode`).
-    //
-    // Why the SRQ rule differs: SRQ receivers are typically pipeline workers with work of
-    // their own. In the echo pipeline, whose client carries the source and the sink, queuing
-    // post lists made the busy client do the receive work that the idle server's sends did
-    // for it (9.5 -> 7.9 M msg/s); queuing from the first post that found nothing received
-    // still cost 0.73x, and queuing for as long as queued SENDs had ever been sent (the RQ
-    // rule, `last != 0`) kept a paced pipeline on the drain path after one burst (round trip
-    // 480 -> 650 ns at 100k msg/s). One-way, the receiver has the time: `send_bw --use-srq
-    // -l 32` 1.36-1.6x. Up to 32 bytes ride in the cell; a longer one (up to `MQ_REF_MAX`)
+    // An RC SEND to a target whose receive CQ has a message queue goes through it, if it is
+    // part of a post list, follows queued ones, or is a lone post of a streaming QP (or
+    // `Mode::All`): its receiver (or a helper) delivers it (`post_mq`). Any other lone post
+    // stays here, where the sender does the receiver's work and the receiver's poll is short
+    // (`drain::Mode`). Up to 32 bytes ride in the cell; a longer one (up to `MQ_REF_MAX`)
     // goes by reference, the cell naming its bytes for the drainer to copy, unless INLINE
     // (the caller may reuse those bytes once the post returns).
     if !XRC
@@ -273,28 +262,15 @@ pub(crate) fn post_fast<const XRC: bool>(
         && (rest > 0 || st.mq.last != 0 || st.mq_every || st.mq_stream)
         && !st.send_cq.has_channel
     {
-        'queue: {
-            let Some(q) = d.mq else { break 'queue };
-            match &d.rq {
-                // The switch and the reservation read the target's RQ here, where the view
-                // is borrowed from the destination cache (a copy per message showed in
-                // instruction profiles).
-                Some(rq) => {
-                    if st.mq.dest != d.qpn || st.mq.cqn != d.cqn {
-                        mq_switch(&mut st.mq, &st.send_cq, d.qpn, d.cqn, q);
-                    }
-                    if !mq_reserve(&mut st.mq, rq) {
-                        return false;
-                    }
-                }
-                // Any other target with a queue is on a plain SRQ (`resolve_dest`). Units
-                // left from this list's reservation: the list queues, and the queue is ours.
-                None if st.mq.srq_left != 0 => st.mq.srq_left -= 1,
-                None => match mq_reserve_srq(f, &mut st.mq, st.mq_every, st.stream_run, &st.send_cq, d, rest) {
-                    SrqQueuing::No => break 'queue,
-                    SrqQueuing::Empty => return false,
-                    SrqQueuing::Yes => {}
-                },
+        if let (Some(q), Some(rq)) = (d.mq, &d.rq) {
+            // The switch and the reservation read the target's RQ here, where the view
+            // is borrowed from the destination cache (a copy per message showed in
+            // instruction profiles).
+            if st.mq.dest != d.qpn || st.mq.cqn != d.cqn {
+                mq_switch(&mut st.mq, &st.send_cq, d.qpn, d.cqn, q);
+            }
+            if !mq_reserve(&mut st.mq, rq) {
+                return false;
             }
             let to = MqTo { q, idx: d.idx, cqn: d.cqn, pid: d.pid };
             if len > MQ_PAYLOAD_MAX {
@@ -314,7 +290,7 @@ pub(crate) fn post_fast<const XRC: bool>(
         // (`resolve_dest` gives a target an RQ or an SRQ, never both.)
         let (rq, taken) = match (&d.rq, &d.srq) {
             (Some(rq), _) => (&**rq, recvq::pop_held(rq, &mut st.rx)),
-            (None, Some(srq)) if srq.tm.is_none() => (&*srq.ring, srq_take_held(f, srq, &d.srq_tail, &mut st.rx)),
+            (None, Some(srq)) if srq.tm.is_none() => (&*srq.ring, srq_take_held(f, srq, &mut st.rx)),
             _ => return false,
         };
         let pd = d.srq.map_or(d.pd, |s| s.pd);
@@ -454,52 +430,6 @@ fn mq_reserve(m: &mut MqSend, rq: &RecvRing) -> bool {
     true
 }
 
-/// What [`mq_reserve_srq`] decided.
-enum SrqQueuing {
-    /// The SEND stays on the sender-side path (the SRQ rule, in `post_fast`'s comment).
-    No,
-    /// Every posted request is reserved: the general path decides RNR once our queued SENDs
-    /// are drained.
-    Empty,
-    /// A request is reserved (and the queue switched to): queue the SEND there.
-    Yes,
-}
-
-/// `post_fast`'s queuing decision, queue switch and reservation for a target `d` on a plain
-/// SRQ, out of line so that the RQ case does not carry it (inlined, it cost the RQ case
-/// +15-22 instructions per message; the message's own `post_mq` is shared with the RQ case,
-/// as a second copy of it out of line cost `--use-srq -l 32` a third of its gain).
-///
-/// The SRQ's requests are reserved through its shared count (`SrqView::reserve`), as other
-/// QPs consume it too: once per post list, for the rest of the list (a locked instruction
-/// per message would wait for the previous message's cell stores, as `post_mq`'s claim
-/// explains), and the units the list does not use go back at its end (`mq_close`).
-#[inline(never)]
-fn mq_reserve_srq(
-    f: &Fabric,
-    m: &mut MqSend,
-    every: bool,
-    stream_run: u32,
-    send_cq: &super::complete::CqShared,
-    d: &DestView,
-    rest: usize,
-) -> SrqQueuing {
-    let queues = every || stream_run >= SRQ_STREAM_RUN || (m.last != 0 && !m.settle());
-    let (Some(q), Some(srq), true) = (d.mq, d.srq.as_ref(), queues) else { return SrqQueuing::No };
-    if m.dest != d.qpn || m.cqn != d.cqn {
-        mq_switch(m, send_cq, d.qpn, d.cqn, q);
-    }
-    if m.srq_left == 0 {
-        m.srq_left = srq.reserve(f, &d.srq_tail, (rest as u64 + 1).min(MQ_CLAIM_MAX));
-        if m.srq_left == 0 {
-            return SrqQueuing::Empty;
-        }
-        m.srq = Some(*srq);
-    }
-    m.srq_left -= 1;
-    SrqQueuing::Yes
-}
-
 /// Receiver-side delivery of an RC SEND (`shm::drain`), once [`mq_reserve`] found a
 /// receive request to reserve: claims a cell of the target's receive CQ's queue and writes
 /// the message there (one cache line; `REF`: a payload above 32 bytes, by reference); the
@@ -592,8 +522,6 @@ fn mq_abandon(st: &mut SqState) {
     let m = &mut st.mq;
     m.claim_next = m.claim_end;
     m.last = 0;
-    // (Reserved SRQ requests go with their dead owner.)
-    m.srq_left = 0;
 }
 
 /// Most positions one claim of a post list takes.
@@ -607,19 +535,6 @@ pub(crate) fn mq_close(f: &Fabric, st: &mut SqState) {
     if st.mq.claim_next != st.mq.claim_end {
         mq_close_now(f, st);
     }
-    if st.mq.srq_left != 0 {
-        mq_unreserve(f, &mut st.mq);
-    }
-}
-
-/// Gives back the SRQ requests this post list reserved and did not use (`mq_reserve_srq`).
-#[cold]
-#[inline(never)]
-fn mq_unreserve(f: &Fabric, m: &mut MqSend) {
-    if let Some(srq) = m.srq {
-        srq.unreserve(f, std::mem::take(&mut m.srq_left));
-    }
-    m.srq_left = 0;
 }
 
 #[cold]

@@ -286,17 +286,14 @@ fn take_as<const REF: bool>(f: &Fabric, cqn: u32, c: &mut DrainCache, m: &Delive
     let Some(d) = d else { return take_cold(f, cqn, c, &m) };
     let s = f.qp_slot(d.idx);
     let receives = QpState::from_u8(s.state.load(Ordering::Acquire) as u8).is_some_and(QpState::receives);
-    let ok = receives && d.cqn == cqn && s.dest_qpn.load(Ordering::Relaxed) == src_qpn;
-    // The request comes from the QP's RQ, or from its plain SRQ, where the sender reserved
-    // it at post (`SrqView::reserve`). By reference: the ring view is several words, and a
-    // copy per message showed in instruction profiles.
-    let (rq, pd) = match (&d.rq, &d.srq) {
-        (Some(rq), _) if ok => (rq, d.pd),
-        (None, Some(srq)) if ok && srq.tm.is_none() => (&srq.ring, srq.pd),
-        _ => return take_cold(f, cqn, c, &m),
+    // By reference: the ring view is several words, and a copy per message showed in
+    // instruction profiles.
+    let Some(rq) = d.rq.as_ref().filter(|_| receives && d.cqn == cqn && s.dest_qpn.load(Ordering::Relaxed) == src_qpn)
+    else {
+        return take_cold(f, cqn, c, &m);
     };
     let Some(pos) = recvq::pop_held(rq, &mut c.entry) else { return take_cold(f, cqn, c, &m) };
-    let dst = if c.entry.n == 1 { recv_dst(f, pd, &c.entry.sges[0], len) } else { None };
+    let dst = if c.entry.n == 1 { recv_dst(f, d.pd, &c.entry.sges[0], len) } else { None };
     let Some(dst) = dst else {
         rq.release(pos);
         return general(f, c, &m);
@@ -353,54 +350,38 @@ const REQUEST_PATIENCE: Duration = Duration::from_millis(100);
 
 /// Everything but the common case: the receiving QP gone, not receiving or not connected
 /// to the sender; its request not yet published, or not one SGE that holds the message.
-///
-/// A message to an SRQ holds a unit its sender reserved (`SrqView::reserve`): one that is not
-/// delivered gives it back, so the request stays for others. (A receiving QP destroyed
-/// before the drain leaves no trace of its SRQ, and that unit is lost: the SRQ then reads
-/// one request short until it is destroyed.)
 #[cold]
 #[inline(never)]
 fn take_cold(f: &Fabric, cqn: u32, c: &mut DrainCache, m: &Msg) -> Got {
     let src_qpn = m.src_qpn;
     let qpn = f.qp_slot(m.idx.min(MAX_QP - 1)).qpn.load(Ordering::Acquire);
-    let queued = |d: &DestView| d.rq.is_some() || d.srq.is_some_and(|s| s.tm.is_none());
-    let d = dest(f, &mut c.rx, qpn).filter(|d| d.cqn == cqn && queued(d)).cloned();
+    let d = dest(f, &mut c.rx, qpn).filter(|d| d.cqn == cqn && d.rq.is_some()).cloned();
     let s = d.as_ref().map(|d| f.qp_slot(d.idx));
     let ready = s.is_some_and(|s| {
         QpState::from_u8(s.state.load(Ordering::Acquire) as u8).is_some_and(QpState::receives)
             && s.dest_qpn.load(Ordering::Relaxed) == src_qpn
     });
-    let srq = d.as_ref().and_then(|d| d.srq);
     let (Some(d), true) = (d, ready) else {
         // Nobody answers: as a requester whose responder is gone or in error, the sender's
         // QP ends in RETRY_EXC_ERR and ERROR, unless it is in ERROR already (its later
         // WQEs flush).
-        if let Some(srq) = srq {
-            srq.unreserve(f, 1);
-        }
         fail_sender(f, c, m, None);
         return Got::Ring;
     };
-    let pos = match (&d.rq, &d.srq) {
-        (Some(rq), _) => {
-            let deadline = Instant::now() + REQUEST_PATIENCE;
-            loop {
-                if let Some(p) = recvq::pop_held(rq, &mut c.entry) {
-                    break Some((p, &**rq));
-                }
-                if Instant::now() >= deadline {
-                    break None;
-                }
-                std::hint::spin_loop();
-            }
+    let Some(rq) = d.rq else { return Got::Ring };
+    let deadline = Instant::now() + REQUEST_PATIENCE;
+    let pos = loop {
+        if let Some(p) = recvq::pop_held(&rq, &mut c.entry) {
+            break Some(p);
         }
-        // Waits as above, and gives the unit back if the request never appears.
-        (None, Some(srq)) => srq.take_reserved_slow(f, &mut c.entry).map(|p| (p, &*srq.ring)),
-        (None, None) => return Got::Ring,
+        if Instant::now() >= deadline {
+            break None;
+        }
+        std::hint::spin_loop();
     };
     match pos {
-        Some((p, ring)) => {
-            ring.release(p);
+        Some(p) => {
+            rq.release(p);
             general(f, c, m)
         }
         None => {
@@ -496,8 +477,7 @@ pub(crate) fn help(f: &Fabric, q: &MsgQueue, cqn: u32) -> bool {
 pub(crate) mod tests {
     use crate::shm::{unit_context, ShmCq, ShmQp};
     use crate::verbs::*;
-    use crate::{Context, Cq, Mr, Pd, Qp, QpInitAttr, Srq};
-    use std::sync::atomic::Ordering;
+    use crate::{Context, Cq, Mr, Pd, Qp, QpInitAttr};
 
     thread_local! {
         /// The [`super::Mode`] of CQs and QPs this thread creates (`None`: the process's).
@@ -525,8 +505,6 @@ pub(crate) mod tests {
         ra: ShmCq,
         rb: ShmCq,
         mr: crate::shm::ShmMr,
-        /// B's SRQ, for a pair made by [`srq_pair_in`].
-        srq: Option<crate::shm::ShmSrq>,
     }
 
     fn pair(name: &str) -> Pair {
@@ -535,15 +513,6 @@ pub(crate) mod tests {
 
     /// [`pair`] with its CQs and QPs in `mode`.
     fn pair_in(name: &str, mode: super::Mode) -> Pair {
-        pair_with(name, mode, false)
-    }
-
-    /// [`pair_in`] with B on an SRQ of 16 requests (B has no RQ).
-    fn srq_pair_in(name: &str, mode: super::Mode) -> Pair {
-        pair_with(name, mode, true)
-    }
-
-    fn pair_with(name: &str, mode: super::Mode, with_srq: bool) -> Pair {
         FORCE.with(|f| f.set(Some(mode)));
         let ctx = unit_context(name);
         let pd = ctx.alloc_pd().unwrap();
@@ -555,17 +524,16 @@ pub(crate) mod tests {
         );
         let region = ctx.alloc_region(4096).unwrap();
         let mr = pd.reg_mr(&region, 0, 4096, AccessFlags::LOCAL_WRITE).unwrap();
-        let srq = with_srq.then(|| pd.create_srq(&SrqAttr { max_wr: 16, max_sge: 1, srq_limit: 0 }).unwrap());
-        let attr = |s, r, srq| QpInitAttr {
+        let attr = |s, r| QpInitAttr {
             send_cq: s,
             recv_cq: r,
-            srq,
+            srq: None,
             cap: QpCaps::default(),
             qp_type: QpType::Rc,
             sq_sig_all: false,
         };
         let (mut a, mut b): (ShmQp, ShmQp) =
-            (pd.create_qp(&attr(&sa, &ra, None)).unwrap(), pd.create_qp(&attr(&sb, &rb, srq.as_ref())).unwrap());
+            (pd.create_qp(&attr(&sa, &ra)).unwrap(), pd.create_qp(&attr(&sb, &rb)).unwrap());
         let (na, nb) = (a.qp_num(), b.qp_num());
         for (q, dest) in [(&mut a, nb), (&mut b, na)] {
             q.modify(&QpAttr { state: QpState::Init, ..Default::default() }).unwrap();
@@ -573,7 +541,7 @@ pub(crate) mod tests {
             q.modify(&QpAttr { state: QpState::Rts, ..Default::default() }).unwrap();
         }
         FORCE.with(|f| f.set(None));
-        Pair { _ctx: ctx, a, b, sa, ra, rb, mr, srq }
+        Pair { _ctx: ctx, a, b, sa, ra, rb, mr }
     }
 
     /// `Mode::Auto`: a QP that posts again without having received anything streams, and
@@ -819,137 +787,5 @@ pub(crate) mod tests {
             }
         }
         assert_eq!(got, (Some((3, WcStatus::Success)), Some((4, WcStatus::Success))));
-    }
-
-    /// B's SRQ as its consumers see it: `(reserved, head, tail)` (`SrqSlot::reserved`).
-    fn srq_counts(p: &Pair) -> (u64, u64, u64) {
-        let sh = &p.srq.as_ref().expect("an SRQ pair").shared;
-        let f = &sh.ctx.fabric;
-        let reserved = f.srq_slot(sh.idx).reserved.load(Ordering::Relaxed);
-        (reserved, sh.ring.head_pos(), sh.ring.tail_pos())
-    }
-
-    fn post_srq(p: &mut Pair, ids: std::ops::Range<u64>) {
-        let (addr, lkey) = (p.mr.addr(), p.mr.lkey());
-        let srq = p.srq.as_mut().expect("an SRQ pair");
-        for i in ids {
-            srq.post_recv(&RecvChain::one(i, &[Sge::new(addr + 1024 + i * 64, 64, lkey)])).unwrap();
-        }
-    }
-
-    fn send_list(p: &mut Pair, ids: std::ops::Range<u64>) {
-        let mut c = SendChain::with_capacity(8, 8);
-        for i in ids {
-            c.push(SendWr::send(i).signaled(), &[Sge::new(p.mr.addr(), 8, p.mr.lkey())]);
-        }
-        p.a.post_send(&c).unwrap();
-    }
-
-    /// A post list to a QP on an SRQ is queued: the sender reserves its requests through the
-    /// SRQ's count (one reservation for the list), nothing is taken until the receiver's
-    /// poll, which takes them in order.
-    #[test]
-    fn a_list_to_an_srq_reserves_its_requests_and_the_drainer_takes_them() {
-        let mut p = srq_pair_in("mq-srq-list", super::Mode::All);
-        let q = p.rb.shared.mq.expect("the receive CQ has a queue");
-        post_srq(&mut p, 0..4);
-        send_list(&mut p, 10..13);
-        assert!(q.ready(), "the SENDs wait in the queue");
-        assert_eq!(srq_counts(&p), (3, 0, 4), "three requests reserved, none taken yet");
-        let ids: Vec<u64> = (0..3).filter_map(|_| poll_one(&mut p.rb, 10)).map(|w| w.wr_id).collect();
-        assert_eq!(ids, [0, 1, 2]);
-        assert_eq!(srq_counts(&p), (3, 3, 4), "taken as reserved");
-        let sent: Vec<u64> = (0..3).filter_map(|_| poll_one(&mut p.sa, 10)).map(|w| w.wr_id).collect();
-        assert_eq!(sent, [10, 11, 12]);
-    }
-
-    /// A list reserves for all its WRs; a WR that does not take the queue ends the list's
-    /// queuing, and the units nobody used go back before it runs. Here it is a WR the post
-    /// refuses (two SGEs, above `max_send_sge`): the SEND before it is posted, and once
-    /// delivered every reservation was taken and the other requests are there for later
-    /// SENDs.
-    #[test]
-    fn a_list_gives_back_the_srq_reservations_it_did_not_use() {
-        let mut p = srq_pair_in("mq-srq-giveback", super::Mode::All);
-        post_srq(&mut p, 0..4);
-        let sge = Sge::new(p.mr.addr(), 4, p.mr.lkey());
-        let mut c = SendChain::with_capacity(3, 4);
-        c.push(SendWr::send(10).signaled(), &[sge]);
-        c.push(SendWr::send(11).signaled(), &[sge, sge]);
-        c.push(SendWr::send(12).signaled(), &[sge]);
-        let err = p.a.post_send(&c).unwrap_err();
-        assert_eq!((err.errno, err.bad_wr), (Errno::EINVAL, 1));
-        assert_eq!(srq_counts(&p), (1, 0, 4), "the list reserved 3 and gave back the 2 it did not queue");
-        assert_eq!(poll_one(&mut p.rb, 10).map(|w| (w.wr_id, w.byte_len)), Some((0, 4)));
-        assert_eq!(srq_counts(&p), (1, 1, 4), "the reservation was taken");
-        send_list(&mut p, 13..16);
-        let ids: Vec<u64> = (0..3).filter_map(|_| poll_one(&mut p.rb, 10)).map(|w| w.wr_id).collect();
-        assert_eq!(ids, [1, 2, 3], "the other three requests were left for later SENDs");
-        assert_eq!(srq_counts(&p), (4, 4, 4));
-    }
-
-    /// A queued SEND whose receiving QP left RTS before the drain is not delivered: its
-    /// reserved request goes back to the SRQ, for the QPs still receiving.
-    #[test]
-    fn an_undelivered_send_gives_its_srq_request_back() {
-        let mut p = srq_pair_in("mq-srq-error", super::Mode::All);
-        post_srq(&mut p, 0..2);
-        send_list(&mut p, 10..11);
-        assert_eq!(srq_counts(&p), (1, 0, 2));
-        p.b.modify(&QpAttr { state: QpState::Error, ..Default::default() }).unwrap();
-        for _ in 0..10 {
-            let _ = poll_one(&mut p.rb, 1);
-        }
-        assert_eq!(srq_counts(&p), (0, 0, 2), "the request was given back, not taken");
-        assert_eq!(p.srq.as_ref().unwrap().len(), 2);
-        let sc = poll_one(&mut p.sa, 10).expect("the sender's completion");
-        assert_eq!((sc.wr_id, sc.status), (10, WcStatus::RetryExcErr), "as a SEND whose responder went away");
-    }
-
-    /// The limit event fires when a reservation leaves fewer unreserved requests than the
-    /// armed limit: at post, as a NIC consumes requests as messages arrive, before the
-    /// receiver polls.
-    #[test]
-    fn a_reservation_below_the_srq_limit_fires_the_event() {
-        let mut p = srq_pair_in("mq-srq-limit", super::Mode::All);
-        post_srq(&mut p, 0..4);
-        p.srq.as_mut().unwrap().modify(&SrqAttr { max_wr: 0, max_sge: 0, srq_limit: 2 }, SrqAttrMask::LIMIT).unwrap();
-        send_list(&mut p, 10..11);
-        assert!(p._ctx.poll_async_event().is_none(), "3 left: not below the limit");
-        send_list(&mut p, 11..13);
-        let ev = p._ctx.poll_async_event().expect("1 left: below the limit of 2");
-        assert_eq!(ev.kind, AsyncEventKind::SrqLimitReached);
-        assert_eq!(srq_counts(&p), (3, 0, 4), "fired before anything was taken");
-    }
-
-    /// `Mode::Auto` to an SRQ: post lists and lone SENDs keep the sender-side path until
-    /// the QP has posted `SRQ_STREAM_RUN` times in a row with nothing received; once its
-    /// queued SENDs are drained and it receives, it goes back.
-    #[test]
-    fn auto_queues_sends_to_an_srq_only_after_a_run_of_streaming_posts() {
-        let mut p = srq_pair_in("mq-srq-auto", super::Mode::Auto);
-        let q = p.rb.shared.mq.expect("the receive CQ has a queue");
-        post_srq(&mut p, 0..14);
-        let run = u64::from(crate::shm::sq::SRQ_STREAM_RUN);
-        // The first post has nothing to compare; the next ones stream: run 1, 2, ...
-        send_list(&mut p, 100..102);
-        for i in 2..run + 1 {
-            send_list(&mut p, i..i + 1);
-        }
-        assert!(!q.ready() && p.rb.len() == run as usize + 1, "delivered by their sender");
-        assert_eq!(srq_counts(&p), (run + 1, run + 1, 14));
-        send_list(&mut p, 200..202);
-        assert!(q.ready(), "{run} posts in a row with nothing received: queued");
-        assert_eq!(srq_counts(&p), (run + 3, run + 1, 14), "reserved, not taken");
-        // A receives something; B drains everything: A's next SEND is its sender's again.
-        let a_recv = Sge::new(p.mr.addr() + 3072, 64, p.mr.lkey());
-        p.a.post_recv(&RecvChain::one(7, &[a_recv])).unwrap();
-        p.b.post_send(&SendChain::one(SendWr::send(300), &[Sge::new(p.mr.addr(), 8, p.mr.lkey())])).unwrap();
-        assert_eq!(poll_one(&mut p.ra, 10).map(|w| w.wr_id), Some(7));
-        let n = (0..run as usize + 3).filter_map(|_| poll_one(&mut p.rb, 10)).count();
-        assert_eq!(n, run as usize + 3);
-        assert!(!q.ready());
-        send_list(&mut p, 300..301);
-        assert!(!q.ready() && p.rb.len() == 1, "drained and answered: delivered by its sender");
     }
 }

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64};
 /// "dpfabric" in ASCII.
 pub(crate) const MAGIC: u64 = 0x6470_6661_6272_6963;
 /// Layout version; a fabric of another version is refused.
-pub(crate) const VERSION: u32 = 9;
+pub(crate) const VERSION: u32 = 8;
 
 /// Contexts (attached "ports") per fabric.
 pub(crate) const MAX_CTX: usize = 64;
@@ -147,12 +147,6 @@ pub(crate) struct SrqSlot {
     pub xrcd: AtomicU32,
     /// The CQ an XRC SRQ's receives complete on (its QPs have none).
     pub cqn: AtomicU32,
-    /// Requests reserved by consumers so far (`srq::SrqView::reserve`): every take of a
-    /// request is preceded by one unit, so `head <= reserved <= tail`, and `tail - reserved`
-    /// requests are free to reserve. A sender queuing SENDs for receiver-side delivery
-    /// reserves their requests at post and the drainer takes them (`shm::drain`), as a
-    /// sender to an RQ reserves by counting (it is the RQ's only remote consumer).
-    pub reserved: AtomicU64,
 }
 
 /// A memory region.

@@ -278,7 +278,6 @@ impl ShmQp {
             recv_cq: recv_cq.clone(),
             recv_polled_seen: u64::MAX,
             mq_stream: false,
-            stream_run: 0,
         };
         let sq = Arc::new_cyclic(|me: &Weak<SqCell>| {
             let mut st = st;

@@ -235,10 +235,7 @@ pub(crate) fn push(ring: &RecvRing, bound: &mut RecvBound, wr_id: u64, sges: &[S
 /// cell can hold, so a corrupt cell cannot make us read past it. A stalled ring
 /// ([`Pop::Stalled`](super::ring::Pop::Stalled), corrupt) reads as empty here; a sender tells the two apart on its cold
 /// path (`Ring::stalled`). The cell stays held until `Ring::release` (`Ring::pop_held`).
-///
-/// Never inlined: with a third caller (the SRQ's drain, session 25) LLVM inlined it into
-/// `post_send` and outlined the entry's reader, +53 instructions per message at batch 1.
-#[inline(never)]
+#[inline]
 pub(crate) fn pop_held(ring: &RecvRing, out: &mut RecvEntry) -> Option<u64> {
     let got = ring.pop_held(out).ok();
     if got.is_some() {

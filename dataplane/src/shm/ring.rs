@@ -377,16 +377,6 @@ impl Ring {
     /// ([`Ring::claim_tracked`]).
     #[inline(always)]
     pub(crate) fn pop_held(&self, read: impl FnOnce(CellRef<'_>)) -> Result<u64, Pop> {
-        let (pos, cell) = self.pop_held_cell()?;
-        read(cell);
-        Ok(pos)
-    }
-
-    /// [`Ring::pop_held`] that hands back the claimed cell instead of a reader's call: the
-    /// cell is the caller's until [`Ring::release`], so it may read it after the claim
-    /// returns (a reader passed as a closure was outlined by LLVM in some callers).
-    #[inline(always)]
-    pub(crate) fn pop_held_cell(&self) -> Result<(u64, CellRef<'_>), Pop> {
         let hdr = self.hdr();
         let mut pos = hdr.head.load(Ordering::Relaxed);
         let mut rereads = 0u32;
@@ -396,7 +386,10 @@ impl Ring {
             let dif = s.wrapping_sub(pos.wrapping_add(1)) as i64;
             if dif == 0 {
                 match hdr.head.compare_exchange_weak(pos, pos.wrapping_add(1), Ordering::Relaxed, Ordering::Relaxed) {
-                    Ok(_) => return Ok((pos, self.readable(payload))),
+                    Ok(_) => {
+                        read(self.readable(payload));
+                        return Ok(pos);
+                    }
                     Err(cur) => pos = cur,
                 }
             } else if dif < 0 {

@@ -49,10 +49,6 @@ pub(crate) struct MqSend {
     /// claim_end)` (`doorbell::post_mq`, `doorbell::mq_close`).
     pub(crate) claim_next: u64,
     pub(crate) claim_end: u64,
-    /// Requests of the destination's SRQ this post list reserved (`SrqView::reserve`) and
-    /// has not queued a SEND for yet, and that SRQ; `doorbell::mq_close` gives them back.
-    pub(crate) srq_left: u64,
-    pub(crate) srq: Option<super::srq::SrqView>,
 }
 
 impl MqSend {
@@ -226,16 +222,7 @@ pub(crate) struct SqState {
     /// Set by each `post_send` (`Mode::Auto`): nothing was received since the previous
     /// post, so a lone SEND takes the queue.
     pub(crate) mq_stream: bool,
-    /// Consecutive `post_send`s that found nothing received since the previous one
-    /// (`Mode::Auto`, saturating): SENDs to an SRQ take the queue from [`SRQ_STREAM_RUN`] on.
-    pub(crate) stream_run: u32,
 }
-
-/// Posts in a row with nothing received before SENDs to an SRQ take receiver-side delivery
-/// (`doorbell::post_fast`). A pipeline worker that receives too has loops where nothing
-/// arrived; one such loop made its next post list queue, and queuing made the busy side do
-/// its own receive work (docs/benchmarks.md, session 25).
-pub(crate) const SRQ_STREAM_RUN: u32 = 8;
 
 impl SqState {
     pub(crate) fn fabric(&self) -> &Fabric {

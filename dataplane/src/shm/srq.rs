@@ -9,7 +9,6 @@ use super::tm::{self, TmView};
 use super::wire::RecvRing;
 use super::CtxInner;
 use crate::verbs::{Errno, Error, OpsChain, PostError, RecvChain, Result, SrqAttr, SrqAttrMask, TmCaps};
-use std::cell::Cell;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -184,8 +183,6 @@ impl ShmSrq {
         s.tm_off.store(tm.as_ref().map_or(0, |t| t.1), Ordering::Relaxed);
         s.xrcd.store(xrc.as_ref().map_or(0, |x| x.0), Ordering::Relaxed);
         s.cqn.store(xrc.as_ref().map_or(0, |x| x.1.cqn), Ordering::Relaxed);
-        // The ring is new (`head` = `tail` = 0): nothing reserved.
-        s.reserved.store(0, Ordering::Relaxed);
         s.srqn.store(srqn, Ordering::Release);
         drop(l);
         Ok(ShmSrq {
@@ -251,10 +248,10 @@ pub(crate) fn srq_view(f: &Fabric, srqn: u32) -> Option<SrqView> {
 
 impl SrqView {
     /// Takes a request; fires the limit event (once) when the count drops below the armed
-    /// limit. `tail_seen`: the caller's cached copy of the ring's `tail` ([`SrqView::reserve`]).
+    /// limit.
     #[inline]
-    pub(crate) fn take(&self, f: &Fabric, tail_seen: &Cell<u64>, out: &mut recvq::RecvEntry) -> bool {
-        match self.take_held(f, tail_seen, out) {
+    pub(crate) fn take(&self, f: &Fabric, out: &mut recvq::RecvEntry) -> bool {
+        match self.take_held(f, out) {
             Some(pos) => {
                 self.ring.release(pos);
                 true
@@ -264,114 +261,21 @@ impl SrqView {
     }
 
     /// [`SrqView::take`] that keeps the request's cell held until `Ring::release`
-    /// (`recvq::pop_held`); returns its position. Reserves the request first
-    /// ([`SrqView::reserve`]): requests reserved by queued SENDs are not this caller's.
+    /// (`recvq::pop_held`); returns its position.
     #[inline]
-    pub(crate) fn take_held(&self, f: &Fabric, tail_seen: &Cell<u64>, out: &mut recvq::RecvEntry) -> Option<u64> {
-        if self.reserve(f, tail_seen, 1) == 0 {
-            return None;
-        }
-        match recvq::pop_held(&self.ring, out) {
-            Some(pos) => Some(pos),
-            None => self.take_reserved_slow(f, out),
-        }
-    }
-
-    /// A reserved request whose cell was not published at the first look (its poster is
-    /// between claiming `tail` and publishing; a reserved request is below `tail`), for the
-    /// takes of this view and the drainer of queued SENDs (`shm::drain`): waits for it (a
-    /// poster a few instructions from publishing, unless descheduled) up to
-    /// [`RESERVED_PATIENCE`]. A request that never appears (a scribbled ring) gives the
-    /// unit back and reads as none.
-    #[cold]
-    #[inline(never)]
-    pub(crate) fn take_reserved_slow(&self, f: &Fabric, out: &mut recvq::RecvEntry) -> Option<u64> {
-        let deadline = std::time::Instant::now() + RESERVED_PATIENCE;
-        loop {
-            match self.ring.pop_held(out) {
-                Ok(pos) => return Some(pos),
-                Err(super::ring::Pop::Empty) if std::time::Instant::now() < deadline => std::hint::spin_loop(),
-                Err(_) => {
-                    self.unreserve(f, 1);
-                    return None;
-                }
-            }
-        }
-    }
-
-    /// Reserves up to `want` requests (`SrqSlot::reserved`); returns how many (0: every
-    /// posted request is reserved already, which the caller treats as an empty SRQ). Each
-    /// unit entitles its holder to one take, now or later, by anyone: a sender queuing a post
-    /// list's SENDs reserves their requests here and their drainer takes them
-    /// ([`SrqView::take_reserved`]). Fires the limit event when the requests left
-    /// unreserved drop below the armed limit: a reservation is the request's consumption
-    /// by an arrived message.
-    ///
-    /// `tail_seen` is the caller's cached `tail`: posted requests only grow, so a stale copy
-    /// is a safe lower bound, and `tail`'s line (the poster writes it on every post) is read
-    /// only when the copy says nothing is left. `reserved` is written by the SRQ's consumers
-    /// only: with one sender, its line stays in that sender's cache.
-    #[inline]
-    pub(crate) fn reserve(&self, f: &Fabric, tail_seen: &Cell<u64>, want: u64) -> u64 {
+    pub(crate) fn take_held(&self, f: &Fabric, out: &mut recvq::RecvEntry) -> Option<u64> {
+        let pos = recvq::pop_held(&self.ring, out)?;
         let s = f.srq_slot(self.idx);
-        let cap = self.ring.capacity();
-        let mut r = s.reserved.load(Ordering::Relaxed);
-        for _ in 0..RESERVE_RETRIES {
-            let mut free = tail_seen.get().wrapping_sub(r);
-            if free == 0 || free > cap {
-                tail_seen.set(self.ring.tail_pos());
-                free = tail_seen.get().wrapping_sub(r);
-                // More than the ring holds: `reserved` or `tail` is scribbled (a hostile
-                // peer); the SRQ reads as empty, as a scribbled ring does.
-                if free == 0 || free > cap {
-                    return 0;
-                }
-            }
-            let n = want.min(free);
-            match s.reserved.compare_exchange_weak(r, r.wrapping_add(n), Ordering::Relaxed, Ordering::Relaxed) {
-                Ok(_) => {
-                    let left = free - n;
-                    let limit = s.limit.load(Ordering::Relaxed);
-                    if limit != 0 && left < u64::from(limit) {
-                        self.fire_limit(f, limit, tail_seen);
-                    }
-                    return n;
-                }
-                Err(cur) => r = cur,
-            }
-        }
-        0
-    }
-
-    /// Gives back `n` units of [`SrqView::reserve`] that no take will use (a post list that
-    /// queued fewer SENDs than it reserved for, or a queued SEND its drainer could not
-    /// deliver).
-    #[cold]
-    pub(crate) fn unreserve(&self, f: &Fabric, n: u64) {
-        f.srq_slot(self.idx).reserved.fetch_sub(n, Ordering::Relaxed);
-    }
-
-    /// The limit event, once (the CAS disarms it), if the fresh count confirms it: `left`
-    /// came from a cached `tail`, which may lag the poster.
-    #[cold]
-    #[inline(never)]
-    fn fire_limit(&self, f: &Fabric, limit: u32, tail_seen: &Cell<u64>) {
-        let s = f.srq_slot(self.idx);
-        tail_seen.set(self.ring.tail_pos());
-        let left = tail_seen.get().wrapping_sub(s.reserved.load(Ordering::Relaxed));
-        if left < u64::from(limit) && s.limit.compare_exchange(limit, 0, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+        let limit = s.limit.load(Ordering::Relaxed);
+        if limit != 0
+            && self.ring.len() < limit as u64
+            && s.limit.compare_exchange(limit, 0, Ordering::AcqRel, Ordering::Relaxed).is_ok()
+        {
             f.post_event(s.ctx.load(Ordering::Relaxed) as usize, super::EVENT_SRQ_LIMIT, self.srqn);
         }
+        Some(pos)
     }
 }
-
-/// Re-reads of `reserved` after a lost race before [`SrqView::reserve`] gives up (reads as
-/// empty): only a peer rewriting the word without end loses this many in a row.
-const RESERVE_RETRIES: u32 = 1 << 16;
-
-/// How long a take waits for a reserved request whose cell its poster has claimed but not
-/// yet published ([`SrqView::take_reserved_slow`]).
-const RESERVED_PATIENCE: std::time::Duration = std::time::Duration::from_millis(100);
 
 impl crate::provider::Srq for ShmSrq {
     fn srq_num(&self) -> u32 {

@@ -446,27 +446,18 @@ impl RecvRing {
     #[inline(always)]
     pub(crate) fn pop_held(&self, out: &mut RecvEntry) -> Result<u64, Pop> {
         let cap = self.sge_cap;
-        let (pos, c) = self.ring.pop_held_cell()?;
-        read_entry(c, cap, out);
-        Ok(pos)
-    }
-}
-
-/// Reads the request in cell `c` (of `cap` SGEs) into `out`, after the claim rather than in a
-/// closure passed to it: with the SRQ drain as a third caller of `recvq::pop_held`, LLVM
-/// outlined that closure (+18 instructions per message in chains of 32).
-#[inline(always)]
-fn read_entry(c: CellRef<'_>, cap: usize, out: &mut RecvEntry) {
-    // SAFETY: the header and `cap` SGEs fit every cell (`RecvRing::new`); `n` is clamped to
-    // `cap`.
-    unsafe {
-        let h: RecvHeader = c.get_unchecked(0);
-        out.wr_id = h.wr_id;
-        out.n = (h.n_sge as usize).min(cap);
-        for k in 0..out.n {
-            let at = size_of::<RecvHeader>() + k * size_of::<SgeRecord>();
-            out.sges[k] = c.get_unchecked::<SgeRecord>(at).into();
-        }
+        self.ring.pop_held(|c| {
+            // SAFETY: the header and `cap` SGEs fit every cell (`new`); `n` is clamped to `cap`.
+            unsafe {
+                let h: RecvHeader = c.get_unchecked(0);
+                out.wr_id = h.wr_id;
+                out.n = (h.n_sge as usize).min(cap);
+                for k in 0..out.n {
+                    let at = size_of::<RecvHeader>() + k * size_of::<SgeRecord>();
+                    out.sges[k] = c.get_unchecked::<SgeRecord>(at).into();
+                }
+            }
+        })
     }
 }
 
