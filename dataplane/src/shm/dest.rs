@@ -139,7 +139,7 @@ pub(crate) fn resolve_dest(f: &Fabric, qpn: u32) -> Option<DestView> {
 ///
 /// Returns a reference into the cache: the view is a few hundred bytes, and copying it out
 /// for every message showed up in instruction profiles.
-#[inline]
+#[inline(always)]
 pub(crate) fn dest<'a>(f: &Fabric, cache: &'a mut Option<DestView>, qpn: u32) -> Option<&'a DestView> {
     let hit = cache.as_ref().is_some_and(|d| d.qpn == qpn && f.qp_slot(d.idx).qpn.load(Ordering::Acquire) == qpn);
     if !hit {

@@ -139,6 +139,13 @@ pub(crate) fn post_send(f: &Fabric, st: &mut SqState, chain: &SendChain) -> std:
         st.recv_polled_seen = polled;
     }
     let mut retired = st.slot().sq_retired.load(Ordering::Acquire);
+    if let [wr] = chain.wrs() {
+        // A lone SEND that will be queued (`post_fast`'s condition) runs in a function of its
+        // own; any other lone post stays on the loop's path below.
+        if (st.mq.last != 0 || st.mq_every || st.mq_stream) && post_lone(f, st, wr, chain, &mut state, &mut retired) {
+            return Ok(());
+        }
+    }
     let last = chain.wrs().len().saturating_sub(1);
     for (i, wr) in chain.wrs().iter().enumerate() {
         let sges = chain.sges_of(wr);
@@ -167,6 +174,26 @@ pub(crate) fn post_send(f: &Fabric, st: &mut SqState, chain: &SendChain) -> std:
     publish_held(f, &mut st.held);
     mq_close(f, st);
     Ok(())
+}
+
+/// A post of one WR with one SGE (not inline) through [`post_fast`], in a function of its
+/// own; false, with nothing done, when the fast path does not take it.
+#[inline(never)]
+fn post_lone(
+    f: &Fabric,
+    st: &mut SqState,
+    wr: &SendWr,
+    chain: &SendChain,
+    state: &mut QpState,
+    retired: &mut u32,
+) -> bool {
+    let ([sge], None) = (chain.sges_of(wr), chain.inline_of(wr)) else { return false };
+    if !post_fast::<false>(f, st, wr, sge, state, retired, 0) {
+        return false;
+    }
+    publish_held(f, &mut st.held);
+    mq_close(f, st);
+    true
 }
 
 /// The fast path: runs WR `wr` (one SGE, INLINE or not) if it is the common case, an RC or UC
@@ -272,11 +299,13 @@ pub(crate) fn post_fast<const XRC: bool>(
             if !mq_reserve(&mut st.mq, rq) {
                 return false;
             }
-            let to = MqTo { q, idx: d.idx, cqn: d.cqn, pid: d.pid };
+            // (Built in each branch: one built before the branch lived on the stack for the
+            // out-of-line call, seven stores on every small SEND's path.)
+            let (idx, cqn, pid) = (d.idx, d.cqn, d.pid);
             if len > MQ_PAYLOAD_MAX {
-                return post_mq_ref(f, st, wr, src, len, &to, rest);
+                return post_mq_ref(f, st, wr, src, len, MqTo { q, idx, cqn, pid }, rest);
             }
-            return post_mq::<false>(f, st, wr, src, len, &to, rest);
+            return post_mq::<false>(f, st, wr, src, len, MqTo { q, idx, cqn, pid }, rest);
         }
     }
     // Anything else this QP posts waits until the SENDs it queued are drained, or it would
@@ -400,6 +429,8 @@ pub(crate) fn post_fast<const XRC: bool>(
 }
 
 /// Where a queued SEND goes (`post_mq`): the target's receive CQ's queue and identity.
+/// Passed by value: a reference made LLVM build it on the stack on every small SEND's path.
+#[derive(Clone, Copy)]
 pub(crate) struct MqTo {
     q: MsgQueue,
     idx: usize,
@@ -443,7 +474,7 @@ fn post_mq<const REF: bool>(
     wr: &SendWr,
     src: *mut u8,
     len: usize,
-    to: &MqTo,
+    to: MqTo,
     rest: usize,
 ) -> bool {
     // SENDs held by this post list's earlier WRs (`HeldRecv`) must be published first: the
@@ -489,17 +520,12 @@ fn post_mq<const REF: bool>(
     // The claimed cell is ours and must be written. It is busy only while the previous lap's
     // message is undrained (more messages queued than the CQ has entries): drain it ourselves
     // if nobody is (`drain::help`), then write.
-    let mut waited = 0;
-    while to.q.write(pos, cell_len as u32, tag, imm, &words).is_err() {
-        if !mq_wait(f, &to.q, to.cqn, to.pid, &mut waited) {
-            // The receiver's process died with the queue full: nothing will drain it. The
-            // WQE ends as a send to a dead peer does (RETRY_EXC_ERR, ERROR), and the claims
-            // are dropped with the queue.
-            mq_abandon(st);
-            st.posted = st.posted.wrapping_add(1);
-            fail(f, st, wr, wqe, WcStatus::RetryExcErr);
-            return true;
-        }
+    // The retry loop is out of line: around its call the words would live on the stack,
+    // and every store a lone post makes waits behind the previous cell's (session 26).
+    if to.q.write(pos, cell_len as u32, tag, imm, &words).is_err()
+        && !mq_write_waiting(f, st, wr, wqe, to, pos, (cell_len as u32, tag, imm), words)
+    {
+        return true;
     }
     let m = &mut st.mq;
     m.rq_next = m.rq_next.wrapping_add(1);
@@ -508,11 +534,40 @@ fn post_mq<const REF: bool>(
     true
 }
 
+/// [`post_mq`]'s write of a cell found busy: waits for it to be drained (draining it if
+/// nobody is) and writes. False if the receiver's process died with the queue full: nothing
+/// will drain it, so the WQE ends as a send to a dead peer does (RETRY_EXC_ERR, ERROR) and
+/// the claims are dropped with the queue.
+#[cold]
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+fn mq_write_waiting(
+    f: &Fabric,
+    st: &mut SqState,
+    wr: &SendWr,
+    wqe: u32,
+    to: MqTo,
+    pos: u64,
+    (len, tag, imm): (u32, u16, u32),
+    words: [u64; PAYLOAD_WORDS],
+) -> bool {
+    let mut waited = 0;
+    while to.q.write(pos, len, tag, imm, &words).is_err() {
+        if !mq_wait(f, &to.q, to.cqn, to.pid, &mut waited) {
+            mq_abandon(st);
+            st.posted = st.posted.wrapping_add(1);
+            fail(f, st, wr, wqe, WcStatus::RetryExcErr);
+            return false;
+        }
+    }
+    true
+}
+
 /// [`post_mq`] of a payload by reference (more than a cell holds), out of line: inlined
 /// beside the payload-in-cell case it cost every small SEND instructions (+12 per message in
 /// chains of 32).
 #[inline(never)]
-fn post_mq_ref(f: &Fabric, st: &mut SqState, wr: &SendWr, src: *mut u8, len: usize, to: &MqTo, rest: usize) -> bool {
+fn post_mq_ref(f: &Fabric, st: &mut SqState, wr: &SendWr, src: *mut u8, len: usize, to: MqTo, rest: usize) -> bool {
     post_mq::<true>(f, st, wr, src, len, to, rest)
 }
 

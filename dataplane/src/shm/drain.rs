@@ -622,6 +622,36 @@ pub(crate) mod tests {
         assert_eq!(q.acked(), 1);
     }
 
+    /// More lone SENDs queued than the receive CQ's queue has cells (64), with the receiver
+    /// not polling: a sender whose claimed cell still holds the previous lap's message
+    /// drains the queue itself (into the receiver's ring) and then writes it. Every message
+    /// arrives once, in order, with its own bytes.
+    #[test]
+    fn a_sender_finding_its_cell_busy_drains_the_queue_and_writes() {
+        let mut p = pair("mq-full");
+        let q = p.rb.shared.mq.expect("the receive CQ has a queue");
+        let n = 96u64;
+        for i in 0..n {
+            p.b.post_recv(&RecvChain::one(i, &[Sge::new(p.mr.addr() + 1024 + i * 16, 16, p.mr.lkey())])).unwrap();
+            write_bytes(&p.mr, i * 8, &(0x5eed_0000_0000_0000 | i).to_ne_bytes());
+        }
+        for i in 0..n {
+            let wr = if i + 1 == n { SendWr::send(1000 + i).signaled() } else { SendWr::send(1000 + i) };
+            p.a.post_send(&SendChain::one(wr, &[Sge::new(p.mr.addr() + i * 8, 8, p.mr.lkey())])).unwrap();
+        }
+        assert_eq!(p.rb.len(), 64, "the first lap was drained into the ring by the sender");
+        assert!(q.ready(), "the rest waits in the queue");
+        for i in 0..n {
+            let wc = poll_one(&mut p.rb, 10).unwrap_or_else(|| panic!("receive completion {i}"));
+            assert_eq!((wc.wr_id, wc.status, wc.byte_len), (i, WcStatus::Success, 8), "message {i}");
+            let got = read_bytes(&p.mr, 1024 + i * 16, 8);
+            assert_eq!(got, (0x5eed_0000_0000_0000 | i).to_ne_bytes(), "bytes of message {i}");
+        }
+        assert!(poll_one(&mut p.rb, 10).is_none(), "no message twice");
+        let sc = poll_one(&mut p.sa, 10).expect("the signaled last SEND completes");
+        assert_eq!((sc.wr_id, sc.status), (1000 + n - 1, WcStatus::Success));
+    }
+
     /// Single-threaded code that polls only the sender's CQ still gets its completion: the
     /// send CQ's empty polls help drain; the receive completion then waits in B's ring.
     #[test]

@@ -185,7 +185,7 @@ pub(crate) const KIND_MR: u32 = 0;
 pub(crate) const KIND_MW: u32 = 1;
 
 /// Looks up key `key` (an lkey or rkey). `None` for unknown or stale keys.
-#[inline]
+#[inline(always)]
 pub(crate) fn mr_lookup(f: &Fabric, key: u32) -> Option<MrView> {
     let idx = mr_key_index(key);
     if key == 0 || idx >= MAX_MR {
@@ -211,7 +211,7 @@ pub(crate) fn mr_lookup(f: &Fabric, key: u32) -> Option<MrView> {
 impl MrView {
     /// Pointer to `[addr, addr+len)` in this process, if the range is inside the MR (and the
     /// MR inside the fabric). ZERO_BASED MRs take offsets instead of addresses.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn translate(&self, f: &Fabric, addr: u64, len: u64) -> Option<*mut u8> {
         let rel = if self.access.contains(AccessFlags::ZERO_BASED) { addr } else { addr.checked_sub(self.va)? };
         if rel.checked_add(len)? > self.len {
