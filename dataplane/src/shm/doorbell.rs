@@ -113,6 +113,30 @@ pub(crate) fn prepare(
 /// `ibv_post_send` on the shm provider. See the module docs.
 #[inline]
 pub(crate) fn post_send(f: &Fabric, st: &mut SqState, chain: &SendChain) -> std::result::Result<(), PostError> {
+    if st.mq_auto {
+        // Streaming: nothing arrived on our receive CQ since our previous post (one load of
+        // a counter its poller keeps; `drain::Mode::Auto`).
+        let polled = st.recv_cq.polled.load(Ordering::Relaxed);
+        st.mq_stream = polled == st.recv_polled_seen;
+        st.recv_polled_seen = polled;
+    }
+    // A lone SEND that will be queued (`post_fast`'s condition) runs in a function of its own,
+    // before anything else here: what the post list's loop keeps across its WRs is then not
+    // spilled for it (every store a lone queued post makes is time, session 26). It checks
+    // the state itself, and does nothing when it returns false.
+    if let [wr] = chain.wrs() {
+        if (st.mq.last != 0 || st.mq_every || st.mq_stream) && post_lone(f, st, wr, chain) {
+            return Ok(());
+        }
+    }
+    post_list(f, st, chain)
+}
+
+/// [`post_send`] of anything but a lone queued SEND: the checks of the queue's state, then
+/// each WR of the chain through the fast path or the general one. Out of line, so that a
+/// lone queued SEND's caller saves no registers for it.
+#[inline(never)]
+fn post_list(f: &Fabric, st: &mut SqState, chain: &SendChain) -> std::result::Result<(), PostError> {
     let mut state = st.state();
     if !state.accepts_post_send() {
         return Err(PostError::new(
@@ -131,21 +155,7 @@ pub(crate) fn post_send(f: &Fabric, st: &mut SqState, chain: &SendChain) -> std:
             st.flush_pending();
         }
     }
-    if st.mq_auto {
-        // Streaming: nothing arrived on our receive CQ since our previous post (one load of
-        // a counter its poller keeps; `drain::Mode::Auto`).
-        let polled = st.recv_cq.polled.load(Ordering::Relaxed);
-        st.mq_stream = polled == st.recv_polled_seen;
-        st.recv_polled_seen = polled;
-    }
     let mut retired = st.slot().sq_retired.load(Ordering::Acquire);
-    if let [wr] = chain.wrs() {
-        // A lone SEND that will be queued (`post_fast`'s condition) runs in a function of its
-        // own; any other lone post stays on the loop's path below.
-        if (st.mq.last != 0 || st.mq_every || st.mq_stream) && post_lone(f, st, wr, chain, &mut state, &mut retired) {
-            return Ok(());
-        }
-    }
     let last = chain.wrs().len().saturating_sub(1);
     for (i, wr) in chain.wrs().iter().enumerate() {
         let sges = chain.sges_of(wr);
@@ -179,16 +189,12 @@ pub(crate) fn post_send(f: &Fabric, st: &mut SqState, chain: &SendChain) -> std:
 /// A post of one WR with one SGE (not inline) through [`post_fast`], in a function of its
 /// own; false, with nothing done, when the fast path does not take it.
 #[inline(never)]
-fn post_lone(
-    f: &Fabric,
-    st: &mut SqState,
-    wr: &SendWr,
-    chain: &SendChain,
-    state: &mut QpState,
-    retired: &mut u32,
-) -> bool {
+fn post_lone(f: &Fabric, st: &mut SqState, wr: &SendWr, chain: &SendChain) -> bool {
     let ([sge], None) = (chain.sges_of(wr), chain.inline_of(wr)) else { return false };
-    if !post_fast::<false>(f, st, wr, sge, state, retired, 0) {
+    // `post_fast` takes only an RTS queue with nothing pending; anything else returns false.
+    let mut state = st.state();
+    let mut retired = st.slot().sq_retired.load(Ordering::Acquire);
+    if !post_fast::<false>(f, st, wr, sge, &mut state, &mut retired, 0) {
         return false;
     }
     publish_held(f, &mut st.held);
