@@ -225,38 +225,27 @@ unsafe fn payload_word(src: *const u8, len: usize, i: usize) -> u64 {
 /// `src` readable for `len` bytes.
 #[inline(always)]
 unsafe fn short_word(src: *const u8, len: usize) -> u64 {
-    // Bytes in memory order, assembled for the native order: byte `k` of the word in memory
-    // is bits `8k..` on little-endian, `56 - 8k..` on big-endian.
-    let put = |b: u8, k: usize| {
-        if cfg!(target_endian = "little") {
-            u64::from(b) << (8 * k)
+    // SAFETY: every load lies inside `[src, src + len)`: two overlapping 4-byte loads cover 4
+    // to 7 bytes, single bytes cover 1 to 3.
+    let le = unsafe {
+        if len >= 4 {
+            let lo = u32::from_le((src as *const u32).read_unaligned());
+            let hi = u32::from_le((src.add(len - 4) as *const u32).read_unaligned());
+            u64::from(lo) | u64::from(hi) << (8 * (len - 4))
         } else {
-            u64::from(b) << (56 - 8 * k)
+            let mut v = u64::from(src.read());
+            if len >= 2 {
+                v |= u64::from(src.add(1).read()) << 8;
+            }
+            if len == 3 {
+                v |= u64::from(src.add(2).read()) << 16;
+            }
+            v
         }
     };
-    // SAFETY: `src + k` for `k < len` is readable (the contract above).
-    let at = |k: usize| unsafe { src.add(k).read() };
-    if len >= 4 {
-        // Two overlapping 4-byte loads cover 4 to 7 bytes.
-        // SAFETY: `[src, src + 4)` and `[src + len - 4, src + len)` are inside the range.
-        let (lo, hi) =
-            unsafe { ((src as *const u32).read_unaligned(), (src.add(len - 4) as *const u32).read_unaligned()) };
-        let (lo, hi) = (lo.to_ne_bytes(), hi.to_ne_bytes());
-        let mut v = 0;
-        for k in 0..4 {
-            v |= put(lo[k], k) | put(hi[k], len - 4 + k);
-        }
-        v
-    } else {
-        let mut v = put(at(0), 0);
-        if len >= 2 {
-            v |= put(at(1), 1);
-        }
-        if len == 3 {
-            v |= put(at(2), 2);
-        }
-        v
-    }
+    // `le` has byte `k` of the payload at bits `8k`: that is the native word's memory order
+    // on a little-endian machine, and swapped into it on a big-endian one.
+    u64::from_le(le)
 }
 
 /// Writes the first `len` bytes of `words` (native byte order; `len` is cut to what they
