@@ -9,7 +9,7 @@
 use super::dest::*;
 use super::drain::{self, F_IMM, F_REF, F_SIGNALED, F_SOLICITED, META_WORDS, MQ_PAYLOAD_MAX, MQ_REF_MAX};
 use super::exec::*;
-use super::fabric::{pid_alive, Fabric};
+use super::fabric::{pid_alive, pid_alive_recently, Fabric};
 use super::layout::*;
 use super::mr::mr_lookup;
 use super::msgq::{MsgQueue, PAYLOAD_WORDS};
@@ -808,8 +808,15 @@ pub(crate) fn handle_block(f: &Fabric, st: &mut SqState, kind: BlockKind) -> boo
             BlockKind::Drain => 0,
         },
     };
-    let peer_dead = st.dest.as_ref().is_some_and(|d| !pid_alive(d.pid));
-    if peer_dead || (!forever && left == 0) {
+    let now = Instant::now();
+    let exhausted = !forever && left == 0;
+    // Whether the responder's process died: asked of the kernel when the WQE fails anyway
+    // (its status must say which failure it was), else answered from this process's checks
+    // of the last millisecond (`pid_alive_recently`: a storm of RNR retries made one system
+    // call each).
+    let peer_dead =
+        st.dest.as_ref().is_some_and(|d| if exhausted { !pid_alive(d.pid) } else { !pid_alive_recently(d.pid, now) });
+    if peer_dead || exhausted {
         st.blocked = None;
         if let Some(p) = st.pending.pop_front() {
             let status =
@@ -818,7 +825,7 @@ pub(crate) fn handle_block(f: &Fabric, st: &mut SqState, kind: BlockKind) -> boo
         }
         return false;
     }
-    st.blocked = Some(Blocked { kind, left, next_at: Instant::now() + block_delay(f, st, kind) });
+    st.blocked = Some(Blocked { kind, left, next_at: now + block_delay(f, st, kind) });
     true
 }
 

@@ -51,6 +51,7 @@ unsafe impl Sync for Fabric {}
 /// registered through one context are valid for all.
 static REGISTRY: Mutex<Option<HashMap<String, Weak<Fabric>>>> = Mutex::new(None);
 
+/// Whether process `pid` exists (`kill(pid, 0)`: one system call).
 pub(crate) fn pid_alive(pid: u32) -> bool {
     if pid == 0 {
         return false;
@@ -58,6 +59,41 @@ pub(crate) fn pid_alive(pid: u32) -> bool {
     // SAFETY: kill with signal 0 only checks for existence.
     let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
     r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// Milliseconds one positive answer of [`pid_alive_recently`] stands for.
+const ALIVE_FRESH_MS: u32 = 1;
+
+/// Pids this process recently found alive: `pid << 32 | ms`, `ms` the time of the check in
+/// milliseconds since [`ALIVE_EPOCH`] (wrapping). One word per slot, so a reader never pairs
+/// one pid with another's time; slot `pid % 8`, a collision only costs a fresh check.
+static ALIVE_SEEN: [AtomicU64; 8] = [const { AtomicU64::new(0) }; 8];
+static ALIVE_EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+
+/// [`pid_alive`] for checks that repeat at a high rate and may be a millisecond late: a
+/// positive answer is reused for [`ALIVE_FRESH_MS`] by every thread of the process. Why: an
+/// RC send waiting behind an RNR asks whether its responder's process still lives at every
+/// retry, every 10 µs per QP on `shm`'s shortest RNR timer; with 256 QPs into one SRQ that
+/// was ~800k `kill` calls a second across the sender and receiver threads, on the threads
+/// that had to deliver the messages (`dp-perf send_bw --use-srq -q 256`, docs/benchmarks.md).
+/// A death is still seen within a millisecond; a negative answer is never cached.
+pub(crate) fn pid_alive_recently(pid: u32, now: std::time::Instant) -> bool {
+    if pid == 0 {
+        return false;
+    }
+    let epoch = *ALIVE_EPOCH.get_or_init(std::time::Instant::now);
+    // Truncated to 32 bits on purpose: only differences of a few milliseconds are compared.
+    let ms = now.saturating_duration_since(epoch).as_millis() as u32;
+    let slot = &ALIVE_SEEN[pid as usize % ALIVE_SEEN.len()];
+    let seen = slot.load(Ordering::Relaxed);
+    if (seen >> 32) as u32 == pid && ms.wrapping_sub(seen as u32) < ALIVE_FRESH_MS {
+        return true;
+    }
+    let alive = pid_alive(pid);
+    if alive {
+        slot.store(u64::from(pid) << 32 | u64::from(ms), Ordering::Relaxed);
+    }
+    alive
 }
 
 /// Whether `pid` is alive and not a zombie. Teardown asks this rather than [`pid_alive`]: a

@@ -12,7 +12,7 @@ use super::qp_error::{flush_rq, to_error};
 use super::recvq::{self, RecvEntry};
 use super::retry::Waiter;
 use super::ring::Ring;
-use super::sq::SqState;
+use super::sq::{BlockKind, Blocked, SqState};
 use super::srq::SrqShared;
 use super::wire::RecvRing;
 use crate::verbs::*;
@@ -20,6 +20,7 @@ use std::cell::UnsafeCell;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
 /// A queue pair of the `shm` provider.
 pub struct ShmQp {
@@ -97,11 +98,21 @@ impl SqCell {
     }
 }
 
+/// How long past its RNR timer a send must wait before a thread other than its owner
+/// retries it (`retry::progress_waiting`): the owner retries it on time when it polls, and
+/// early as soon as the responder posts a receive.
+const FOREIGN_RNR_GRACE: Duration = Duration::from_micros(100);
+
 impl Waiter for SqCell {
     /// Progress from a CQ poll: skipped if the owner is posting right now (it progresses
-    /// the queue itself).
-    fn try_progress(&self) {
+    /// the queue itself). A `foreign` caller leaves a send waiting behind an RNR to its owner
+    /// until the wait is [`FOREIGN_RNR_GRACE`] overdue.
+    fn try_progress(&self, foreign: bool) {
         if let Some(mut g) = self.try_lock() {
+            let owners = |b: Blocked| b.kind == BlockKind::Rnr && Instant::now() < b.next_at + FOREIGN_RNR_GRACE;
+            if foreign && g.blocked.is_some_and(owners) {
+                return;
+            }
             super::doorbell::progress(&mut g);
         }
     }

@@ -3,31 +3,47 @@
 //! wait in the process progresses them. The CQ calls this registry, never the QP module
 //! (which registers its send queues here), so the stack stays one-way.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 /// A send queue that can be progressed from outside its owner's post (the QP module's
 /// `SqCell`).
 pub(crate) trait Waiter: Send + Sync {
     /// Runs what is due in the queue, unless its owner is posting right now (it progresses
-    /// the queue itself then).
-    fn try_progress(&self);
+    /// the queue itself then). `foreign`: the caller is not the thread that queued the
+    /// waiting WQEs, and should only step in for an owner that stopped polling (see
+    /// [`progress_waiting`]).
+    fn try_progress(&self, foreign: bool);
 }
 
-/// Send queues of this process with WQEs waiting behind an RNR or a retry. Every CQ poll in
-/// the process (whichever CQ: a pingpong waits on its receive CQ) progresses them.
-/// `WAITING_COUNT` keeps the check to one load when nothing waits.
-static WAITING: Mutex<Vec<Weak<dyn Waiter>>> = Mutex::new(Vec::new());
+/// Send queues of this process with WQEs waiting behind an RNR or a retry, each with the
+/// thread that queued them ([`thread_token`]). Every CQ poll in the process (whichever CQ: a
+/// pingpong waits on its receive CQ) progresses them. `WAITING_COUNT` keeps the check to one
+/// load when nothing waits.
+static WAITING: Mutex<Vec<(Weak<dyn Waiter>, u64)>> = Mutex::new(Vec::new());
 static WAITING_COUNT: AtomicU32 = AtomicU32::new(0);
 
-/// Adds (`on`) or removes a send queue from the registry. Control path: a send starts or
-/// stops waiting.
+/// Hands out thread tokens.
+static NEXT_TOKEN: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    /// This thread's token: which thread queued a waiting send.
+    static TOKEN: u64 = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed);
+}
+
+/// The calling thread's token (never 0).
+fn thread_token() -> u64 {
+    TOKEN.with(|t| *t)
+}
+
+/// Adds (`on`, owned by the calling thread: the one whose post queued the waiting WQE) or
+/// removes a send queue from the registry. Control path: a send starts or stops waiting.
 pub(crate) fn set_waiting(w: &Weak<dyn Waiter>, on: bool) {
     let mut list = WAITING.lock().unwrap_or_else(|e| e.into_inner());
     if on {
-        list.push(w.clone());
+        list.push((w.clone(), thread_token()));
     } else {
-        list.retain(|x| !x.ptr_eq(w));
+        list.retain(|(x, _)| !x.ptr_eq(w));
     }
     WAITING_COUNT.store(list.len() as u32, Ordering::Release);
 }
@@ -49,32 +65,43 @@ pub(crate) fn sends_waiting() -> bool {
 pub(crate) const POLL_BUDGET: usize = 16;
 
 /// Progresses up to [`POLL_BUDGET`] waiting send queues of the process (skipping those being
-/// posted to): what a CQ poll does.
+/// posted to): what a CQ poll does. Queues another thread owns are visited as `foreign`:
+/// the queue then runs only a retry that is overdue (`SqCell`'s `try_progress`), because
+/// its owner, polling its own CQs, retries it on time, and a second thread retrying it
+/// delivers into the same receive queue and CQ from another core. With 256 QPs into one
+/// SRQ, the receiving thread did that much of the senders' delivery on their behalf, and
+/// the two threads fought over the SRQ's ring (`dp-perf send_bw --use-srq -q 256`,
+/// docs/benchmarks.md, session 28). An owner that stopped polling (it posts from one thread
+/// and polls from another) still gets its sends retried, late by at most the grace.
 #[inline]
 pub(crate) fn progress_waiting() {
     if WAITING_COUNT.load(Ordering::Relaxed) != 0 {
-        progress_waiting_slow(POLL_BUDGET);
+        progress_waiting_slow(POLL_BUDGET, false);
     }
 }
 
-/// Progresses every waiting send queue of the process: what a completion channel's waiter
-/// does each time it wakes to retry (it may sleep a millisecond between two).
+/// Progresses every waiting send queue of the process, each as if its owner did: what a
+/// completion channel's waiter does each time it wakes to retry (it may sleep a millisecond
+/// between two, so no owner is polling on time).
 pub(crate) fn progress_all_waiting() {
     if WAITING_COUNT.load(Ordering::Relaxed) != 0 {
-        progress_waiting_slow(usize::MAX);
+        progress_waiting_slow(usize::MAX, true);
     }
 }
 
 thread_local! {
     /// Reused list of waiting send queues: progress runs on the busy-poll path whenever a send
     /// waits on RNR, so after warm-up it must not allocate.
-    static SCRATCH: std::cell::RefCell<Vec<Arc<dyn Waiter>>> = const { std::cell::RefCell::new(Vec::new()) };
+    static SCRATCH: std::cell::RefCell<Vec<(Arc<dyn Waiter>, bool)>> = const { std::cell::RefCell::new(Vec::new()) };
     /// Where this thread's next budgeted progress starts in the waiting list.
     static CURSOR: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
+/// `as_owner`: visit every queue as its owner would (a channel waiter), not only this
+/// thread's.
 #[cold]
-fn progress_waiting_slow(budget: usize) {
+fn progress_waiting_slow(budget: usize, as_owner: bool) {
+    let me = thread_token();
     SCRATCH.with(|scratch| {
         let Ok(mut cells) = scratch.try_borrow_mut() else { return };
         {
@@ -85,12 +112,15 @@ fn progress_waiting_slow(budget: usize) {
             }
             let take = n.min(budget);
             let start = CURSOR.get() % n;
-            cells.extend((0..take).filter_map(|k| list[(start + k) % n].upgrade()));
+            cells.extend((0..take).filter_map(|k| {
+                let (w, owner) = &list[(start + k) % n];
+                w.upgrade().map(|c| (c, !as_owner && *owner != me))
+            }));
             CURSOR.set((start + take) % n);
         }
         // The list lock is released: progress may deregister a queue (which takes it).
-        for c in cells.iter() {
-            c.try_progress();
+        for (c, foreign) in cells.iter() {
+            c.try_progress(*foreign);
         }
         cells.clear();
     });
@@ -107,12 +137,21 @@ mod tests {
     struct Counting {
         owner: ThreadId,
         n: AtomicUsize,
+        /// Of those, the calls that said the caller is not the queue's owner.
+        foreign: AtomicUsize,
+    }
+
+    impl Counting {
+        fn new(owner: ThreadId) -> Arc<Counting> {
+            Arc::new(Counting { owner, n: AtomicUsize::new(0), foreign: AtomicUsize::new(0) })
+        }
     }
 
     impl Waiter for Counting {
-        fn try_progress(&self) {
+        fn try_progress(&self, foreign: bool) {
             if std::thread::current().id() == self.owner {
                 self.n.fetch_add(1, Ordering::Relaxed);
+                self.foreign.fetch_add(usize::from(foreign), Ordering::Relaxed);
             }
         }
     }
@@ -122,8 +161,7 @@ mod tests {
     #[test]
     fn polls_progress_a_bounded_share_round_robin_and_channel_waits_all() {
         let me = std::thread::current().id();
-        let qs: Vec<Arc<Counting>> =
-            (0..40).map(|_| Arc::new(Counting { owner: me, n: AtomicUsize::new(0) })).collect();
+        let qs: Vec<Arc<Counting>> = (0..40).map(|_| Counting::new(me)).collect();
         let weak: Vec<Weak<dyn Waiter>> = qs.iter().map(|q| Arc::downgrade(q) as Weak<dyn Waiter>).collect();
         for w in &weak {
             set_waiting(w, true);
@@ -144,5 +182,36 @@ mod tests {
         for w in &weak {
             set_waiting(w, false);
         }
+    }
+
+    /// A queue registered by another thread is visited as foreign by a poll here, one this
+    /// thread registered is not, and a channel wait visits both as their owner.
+    #[test]
+    fn a_poll_visits_other_threads_queues_as_foreign() {
+        let me = std::thread::current().id();
+        let (mine, theirs) = (Counting::new(me), Counting::new(me));
+        let w_mine: Weak<dyn Waiter> = Arc::downgrade(&mine) as Weak<dyn Waiter>;
+        let w_theirs: Weak<dyn Waiter> = Arc::downgrade(&theirs) as Weak<dyn Waiter>;
+        set_waiting(&w_mine, true);
+        let w = w_theirs.clone();
+        std::thread::spawn(move || set_waiting(&w, true)).join().unwrap();
+        let mut polls = 0;
+        while mine.n.load(Ordering::Relaxed) == 0 || theirs.n.load(Ordering::Relaxed) == 0 {
+            progress_waiting();
+            polls += 1;
+            assert!(polls < 10_000, "polls never reached both queues");
+        }
+        assert_eq!(mine.foreign.load(Ordering::Relaxed), 0, "this thread's queue was visited as foreign");
+        assert_eq!(
+            theirs.foreign.load(Ordering::Relaxed),
+            theirs.n.load(Ordering::Relaxed),
+            "another thread's queue was visited as its owner"
+        );
+        let before = (mine.foreign.load(Ordering::Relaxed), theirs.foreign.load(Ordering::Relaxed));
+        progress_all_waiting();
+        let after = (mine.foreign.load(Ordering::Relaxed), theirs.foreign.load(Ordering::Relaxed));
+        assert_eq!(before, after, "a channel wait visited a queue as foreign");
+        set_waiting(&w_mine, false);
+        set_waiting(&w_theirs, false);
     }
 }
