@@ -837,7 +837,7 @@ pub(crate) fn handle_block(f: &Fabric, st: &mut SqState, kind: BlockKind) -> boo
 /// on shm bimodal). The early attempt is not a retry: if it finds the queue empty again
 /// (another sender of an SRQ won the request), the wait, its deadline and the retry count
 /// stay as they were. So `rnr_retry` still counts timer expiries exactly.
-pub(crate) fn run_pending(f: &Fabric, st: &mut SqState) {
+pub(crate) fn run_pending(f: &Fabric, st: &mut SqState, now: Instant) {
     let mut segs = [Seg::default(); MAX_SGE];
     while let Some(p) = st.pending.front().copied() {
         if st.blocked.is_some_and(|b| b.kind == BlockKind::Drain) {
@@ -854,7 +854,7 @@ pub(crate) fn run_pending(f: &Fabric, st: &mut SqState) {
         }
         let mut early = false;
         if let Some(b) = st.blocked {
-            if Instant::now() < b.next_at {
+            if now < b.next_at {
                 if b.kind != BlockKind::Rnr || !st.dest.as_ref().is_some_and(DestView::has_recv) {
                     return;
                 }
@@ -906,12 +906,18 @@ pub(crate) fn run_pending(f: &Fabric, st: &mut SqState) {
 
 /// Retries the head of the pending queue if its timer expired; runs what follows.
 pub(crate) fn progress(st: &mut SqState) {
+    progress_at(st, Instant::now());
+}
+
+/// [`progress`] with the time already read (`now`, to compare with the retry timer): a CQ
+/// poll that progresses up to 16 queues reads the clock once for all.
+pub(crate) fn progress_at(st: &mut SqState, now: Instant) {
     if st.state() == QpState::Error {
         st.flush_pending();
         return;
     }
     let f = st.ctx.fabric.clone();
-    run_pending(&f, st);
+    run_pending(&f, st, now);
     if st.pending.is_empty() {
         st.set_pending_registered(false);
     }

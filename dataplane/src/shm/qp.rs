@@ -107,13 +107,13 @@ impl Waiter for SqCell {
     /// Progress from a CQ poll: skipped if the owner is posting right now (it progresses
     /// the queue itself). A `foreign` caller leaves a send waiting behind an RNR to its owner
     /// until the wait is [`FOREIGN_RNR_GRACE`] overdue.
-    fn try_progress(&self, foreign: bool) {
+    fn try_progress(&self, foreign: bool, now: Instant) {
         if let Some(mut g) = self.try_lock() {
-            let owners = |b: Blocked| b.kind == BlockKind::Rnr && Instant::now() < b.next_at + FOREIGN_RNR_GRACE;
+            let owners = |b: Blocked| b.kind == BlockKind::Rnr && now < b.next_at + FOREIGN_RNR_GRACE;
             if foreign && g.blocked.is_some_and(owners) {
                 return;
             }
-            super::doorbell::progress(&mut g);
+            super::doorbell::progress_at(&mut g, now);
         }
     }
 }

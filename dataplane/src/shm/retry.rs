@@ -5,6 +5,7 @@
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
+use std::time::Instant;
 
 /// A send queue that can be progressed from outside its owner's post (the QP module's
 /// `SqCell`).
@@ -12,8 +13,9 @@ pub(crate) trait Waiter: Send + Sync {
     /// Runs what is due in the queue, unless its owner is posting right now (it progresses
     /// the queue itself then). `foreign`: the caller is not the thread that queued the
     /// waiting WQEs, and should only step in for an owner that stopped polling (see
-    /// [`progress_waiting`]).
-    fn try_progress(&self, foreign: bool);
+    /// [`progress_waiting`]). `now`: the time, read once by the caller for every queue it
+    /// visits.
+    fn try_progress(&self, foreign: bool, now: Instant);
 }
 
 /// Send queues of this process with WQEs waiting behind an RNR or a retry, each with the
@@ -64,6 +66,14 @@ pub(crate) fn sends_waiting() -> bool {
 /// `waiting / 16` polls, which at busy-poll rates is well inside the shortest RNR timer.
 pub(crate) const POLL_BUDGET: usize = 16;
 
+/// Of a poll's [`POLL_BUDGET`], how many queues may be other threads' ([`progress_waiting`]:
+/// visited only to catch an owner that stopped polling, and most such visits do nothing), so
+/// that they do not use up the budget of the poller's own queues.
+pub(crate) const FOREIGN_BUDGET: usize = 2;
+
+/// Entries of the waiting list one poll reads at most per round robin.
+const WALK: usize = 4 * POLL_BUDGET;
+
 /// Progresses up to [`POLL_BUDGET`] waiting send queues of the process (skipping those being
 /// posted to): what a CQ poll does. Queues another thread owns are visited as `foreign`:
 /// the queue then runs only a retry that is overdue (`SqCell`'s `try_progress`), because
@@ -93,8 +103,10 @@ thread_local! {
     /// Reused list of waiting send queues: progress runs on the busy-poll path whenever a send
     /// waits on RNR, so after warm-up it must not allocate.
     static SCRATCH: std::cell::RefCell<Vec<(Arc<dyn Waiter>, bool)>> = const { std::cell::RefCell::new(Vec::new()) };
-    /// Where this thread's next budgeted progress starts in the waiting list.
-    static CURSOR: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    /// Where this thread's next budgeted progress looks for its own queues in the waiting
+    /// list, and where it looks for other threads' queues.
+    static OWN_CURSOR: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    static FOREIGN_CURSOR: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 /// `as_owner`: visit every queue as its owner would (a channel waiter), not only this
@@ -110,17 +122,39 @@ fn progress_waiting_slow(budget: usize, as_owner: bool) {
             if n == 0 {
                 return;
             }
-            let take = n.min(budget);
-            let start = CURSOR.get() % n;
-            cells.extend((0..take).filter_map(|k| {
-                let (w, owner) = &list[(start + k) % n];
-                w.upgrade().map(|c| (c, !as_owner && *owner != me))
-            }));
-            CURSOR.set((start + take) % n);
+            // Two round robins, each from where this thread's last poll stopped: up to
+            // `budget` of this thread's queues, and up to `FOREIGN_BUDGET` of other threads'.
+            // Each walks at most `WALK` entries (reading owners is cheap; upgrading and
+            // locking is not), and resumes right after the last queue it took, so a queue of
+            // its kind is never passed over.
+            let walk = if as_owner { n } else { n.min(WALK) };
+            for (is_foreign, cursor, cap) in [(false, &OWN_CURSOR, budget), (true, &FOREIGN_CURSOR, FOREIGN_BUDGET)] {
+                if is_foreign && as_owner {
+                    break;
+                }
+                let start = cursor.get() % n;
+                let (mut taken, mut resume) = (0, start + walk);
+                for k in 0..walk {
+                    if taken == cap {
+                        resume = start + k;
+                        break;
+                    }
+                    let (w, owner) = &list[(start + k) % n];
+                    if (!as_owner && *owner != me) != is_foreign {
+                        continue;
+                    }
+                    taken += 1;
+                    if let Some(c) = w.upgrade() {
+                        cells.push((c, is_foreign));
+                    }
+                }
+                cursor.set(resume % n);
+            }
         }
         // The list lock is released: progress may deregister a queue (which takes it).
+        let now = Instant::now();
         for (c, foreign) in cells.iter() {
-            c.try_progress(*foreign);
+            c.try_progress(*foreign, now);
         }
         cells.clear();
     });
@@ -148,7 +182,7 @@ mod tests {
     }
 
     impl Waiter for Counting {
-        fn try_progress(&self, foreign: bool) {
+        fn try_progress(&self, foreign: bool, _now: Instant) {
             if std::thread::current().id() == self.owner {
                 self.n.fetch_add(1, Ordering::Relaxed);
                 self.foreign.fetch_add(usize::from(foreign), Ordering::Relaxed);
@@ -213,5 +247,26 @@ mod tests {
         assert_eq!(before, after, "a channel wait visited a queue as foreign");
         set_waiting(&w_mine, false);
         set_waiting(&w_theirs, false);
+    }
+
+    /// Other threads' queues take at most `FOREIGN_BUDGET` of a poll, and every one of them
+    /// is still reached: the foreign round robin resumes after the last queue it took.
+    #[test]
+    fn other_threads_queues_take_a_small_share_and_none_is_starved() {
+        let me = std::thread::current().id();
+        let qs: Vec<Arc<Counting>> = (0..20).map(|_| Counting::new(me)).collect();
+        let weak: Vec<Weak<dyn Waiter>> = qs.iter().map(|q| Arc::downgrade(q) as Weak<dyn Waiter>).collect();
+        let w = weak.clone();
+        std::thread::spawn(move || w.iter().for_each(|w| set_waiting(w, true))).join().unwrap();
+        let total = || qs.iter().map(|q| q.n.load(Ordering::Relaxed)).sum::<usize>();
+        let mut polls = 0;
+        while qs.iter().any(|q| q.n.load(Ordering::Relaxed) == 0) {
+            let before = total();
+            progress_waiting();
+            assert!(total() - before <= FOREIGN_BUDGET, "one poll visited more than FOREIGN_BUDGET foreign queues");
+            polls += 1;
+            assert!(polls < 1000, "a foreign queue was never reached");
+        }
+        weak.iter().for_each(|w| set_waiting(w, false));
     }
 }
