@@ -66,16 +66,17 @@ pub(crate) fn sends_waiting() -> bool {
 /// `waiting / 16` polls, which at busy-poll rates is well inside the shortest RNR timer.
 pub(crate) const POLL_BUDGET: usize = 16;
 
-/// Of a poll's [`POLL_BUDGET`], how many queues may be other threads' ([`progress_waiting`]:
-/// visited only to catch an owner that stopped polling, and most such visits do nothing), so
-/// that they do not use up the budget of the poller's own queues.
+/// Other threads' queues a poll visits at most, besides up to [`POLL_BUDGET`] of its own
+/// thread's ([`progress_waiting`]: they are visited only to catch an owner that stopped
+/// polling, and most such visits do nothing), so that they do not use up the budget of the
+/// poller's own queues.
 pub(crate) const FOREIGN_BUDGET: usize = 2;
 
 /// Entries of the waiting list one poll reads at most per round robin.
 const WALK: usize = 4 * POLL_BUDGET;
 
-/// Progresses up to [`POLL_BUDGET`] waiting send queues of the process (skipping those being
-/// posted to): what a CQ poll does. Queues another thread owns are visited as `foreign`:
+/// Progresses up to [`POLL_BUDGET`] waiting send queues of this thread and up to
+/// [`FOREIGN_BUDGET`] of other threads (skipping those being posted to): what a CQ poll does. Queues another thread owns are visited as `foreign`:
 /// the queue then runs only a retry that is overdue (`SqCell`'s `try_progress`), because
 /// its owner, polling its own CQs, retries it on time, and a second thread retrying it
 /// delivers into the same receive queue and CQ from another core. With 256 QPs into one
