@@ -15,7 +15,7 @@ use crate::mem::{HugePolicy, Region};
 use crate::verbs::{Errno, Error, Result};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 /// Process-local handle of a mapped fabric.
@@ -68,7 +68,7 @@ const ALIVE_FRESH_MS: u32 = 1;
 /// milliseconds since [`ALIVE_EPOCH`] (wrapping). One word per slot, so a reader never pairs
 /// one pid with another's time; slot `pid % 8`, a collision only costs a fresh check.
 static ALIVE_SEEN: [AtomicU64; 8] = [const { AtomicU64::new(0) }; 8];
-static ALIVE_EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+static ALIVE_EPOCH: OnceLock<Instant> = OnceLock::new();
 
 /// [`pid_alive`] for checks that repeat at a high rate and may be a millisecond late: a
 /// positive answer is reused for [`ALIVE_FRESH_MS`] by every thread of the process. Why: an
@@ -77,11 +77,11 @@ static ALIVE_EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLoc
 /// was ~800k `kill` calls a second across the sender and receiver threads, on the threads
 /// that had to deliver the messages (`dp-perf send_bw --use-srq -q 256`, docs/benchmarks.md).
 /// A death is still seen within a millisecond; a negative answer is never cached.
-pub(crate) fn pid_alive_recently(pid: u32, now: std::time::Instant) -> bool {
+pub(crate) fn pid_alive_recently(pid: u32, now: Instant) -> bool {
     if pid == 0 {
         return false;
     }
-    let epoch = *ALIVE_EPOCH.get_or_init(std::time::Instant::now);
+    let epoch = *ALIVE_EPOCH.get_or_init(Instant::now);
     // Truncated to 32 bits on purpose: only differences of a few milliseconds are compared.
     let ms = now.saturating_duration_since(epoch).as_millis() as u32;
     let slot = &ALIVE_SEEN[pid as usize % ALIVE_SEEN.len()];

@@ -76,8 +76,9 @@ pub(crate) const FOREIGN_BUDGET: usize = 2;
 const WALK: usize = 4 * POLL_BUDGET;
 
 /// Progresses up to [`POLL_BUDGET`] waiting send queues of this thread and up to
-/// [`FOREIGN_BUDGET`] of other threads (skipping those being posted to): what a CQ poll does. Queues another thread owns are visited as `foreign`:
-/// the queue then runs only a retry that is overdue (`SqCell`'s `try_progress`), because
+/// [`FOREIGN_BUDGET`] of other threads (skipping those being posted to): what a CQ poll
+/// does. Queues another thread owns are visited as `foreign`: the queue then runs only a
+/// retry that is overdue (`SqCell`'s `try_progress`), because
 /// its owner, polling its own CQs, retries it on time, and a second thread retrying it
 /// delivers into the same receive queue and CQ from another core. With 256 QPs into one
 /// SRQ, the receiving thread did that much of the senders' delivery on their behalf, and
