@@ -278,6 +278,7 @@ impl ShmQp {
             retries: 0,
             registered_pending: false,
             me: Weak::<SqCell>::new(),
+            waiting_at: Default::default(),
             dest: None,
             xrc_dest: None,
             mcast: None,

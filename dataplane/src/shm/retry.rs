@@ -3,7 +3,7 @@
 //! wait in the process progresses them. The CQ calls this registry, never the QP module
 //! (which registers its send queues here), so the stack stays one-way.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
@@ -19,10 +19,21 @@ pub(crate) trait Waiter: Send + Sync {
 }
 
 /// Send queues of this process with WQEs waiting behind an RNR or a retry, each with the
-/// thread that queued them ([`thread_token`]). Every CQ poll in the process (whichever CQ: a
-/// pingpong waits on its receive CQ) progresses them. `WAITING_COUNT` keeps the check to one
-/// load when nothing waits.
-static WAITING: Mutex<Vec<(Weak<dyn Waiter>, u64)>> = Mutex::new(Vec::new());
+/// thread that queued them ([`thread_token`]) and its position holder. Every CQ poll in the
+/// process (whichever CQ: a pingpong waits on its receive CQ) progresses them.
+/// `WAITING_COUNT` keeps the check to one load when nothing waits.
+static WAITING: Mutex<Vec<Listed>> = Mutex::new(Vec::new());
+
+/// An entry of the waiting list: the queue, the thread that queued its waiting WQEs, and its
+/// position holder.
+type Listed = (Weak<dyn Waiter>, u64, ListPos);
+
+/// A registered queue's index in the waiting list, so that leaving it is a `swap_remove`
+/// rather than a search: with 256 QPs starting and stopping to wait thousands of times a
+/// second, the search (`retain` over every entry, under the lock) was 7.6% of `dp-perf
+/// send_bw -b --use-srq -q 256` (`perf`, session 29). Written only under the list's lock.
+#[derive(Clone, Default)]
+pub(crate) struct ListPos(Arc<AtomicUsize>);
 static WAITING_COUNT: AtomicU32 = AtomicU32::new(0);
 
 /// Hands out thread tokens.
@@ -39,13 +50,28 @@ fn thread_token() -> u64 {
 }
 
 /// Adds (`on`, owned by the calling thread: the one whose post queued the waiting WQE) or
-/// removes a send queue from the registry. Control path: a send starts or stops waiting.
-pub(crate) fn set_waiting(w: &Weak<dyn Waiter>, on: bool) {
+/// removes a send queue from the registry; `at` holds its position while it is listed. The
+/// caller calls it only when the queue's state changes (on, then off, ...).
+pub(crate) fn set_waiting(w: &Weak<dyn Waiter>, at: &ListPos, on: bool) {
     let mut list = WAITING.lock().unwrap_or_else(|e| e.into_inner());
+    // Relaxed: the positions are read and written only under the list's lock.
     if on {
-        list.push((w.clone(), thread_token()));
+        at.0.store(list.len(), Ordering::Relaxed);
+        list.push((w.clone(), thread_token(), at.clone()));
     } else {
-        list.retain(|(x, _)| !x.ptr_eq(w));
+        let at_i = at.0.load(Ordering::Relaxed);
+        // (The position is always right; the search is only a guard against a stale one.)
+        let i = if list.get(at_i).is_some_and(|(x, ..)| x.ptr_eq(w)) {
+            Some(at_i)
+        } else {
+            list.iter().position(|(x, ..)| x.ptr_eq(w))
+        };
+        if let Some(i) = i {
+            list.swap_remove(i);
+            if let Some((_, _, moved)) = list.get(i) {
+                moved.0.store(i, Ordering::Relaxed);
+            }
+        }
     }
     WAITING_COUNT.store(list.len() as u32, Ordering::Release);
 }
@@ -141,7 +167,7 @@ fn progress_waiting_slow(budget: usize, as_owner: bool) {
                         resume = start + k;
                         break;
                     }
-                    let (w, owner) = &list[(start + k) % n];
+                    let (w, owner, _) = &list[(start + k) % n];
                     if (!as_owner && *owner != me) != is_foreign {
                         continue;
                     }
@@ -199,8 +225,9 @@ mod tests {
         let me = std::thread::current().id();
         let qs: Vec<Arc<Counting>> = (0..40).map(|_| Counting::new(me)).collect();
         let weak: Vec<Weak<dyn Waiter>> = qs.iter().map(|q| Arc::downgrade(q) as Weak<dyn Waiter>).collect();
-        for w in &weak {
-            set_waiting(w, true);
+        let pos: Vec<ListPos> = weak.iter().map(|_| ListPos::default()).collect();
+        for (w, p) in weak.iter().zip(&pos) {
+            set_waiting(w, p, true);
         }
         let visits = || qs.iter().map(|q| q.n.load(Ordering::Relaxed)).collect::<Vec<_>>();
         let total = || visits().iter().sum::<usize>();
@@ -215,8 +242,8 @@ mod tests {
         let before = visits();
         progress_all_waiting();
         assert!(visits().iter().zip(&before).all(|(a, b)| a - b == 1), "a channel wait visits every queue once");
-        for w in &weak {
-            set_waiting(w, false);
+        for (w, p) in weak.iter().zip(&pos) {
+            set_waiting(w, p, false);
         }
     }
 
@@ -228,9 +255,10 @@ mod tests {
         let (mine, theirs) = (Counting::new(me), Counting::new(me));
         let w_mine: Weak<dyn Waiter> = Arc::downgrade(&mine) as Weak<dyn Waiter>;
         let w_theirs: Weak<dyn Waiter> = Arc::downgrade(&theirs) as Weak<dyn Waiter>;
-        set_waiting(&w_mine, true);
-        let w = w_theirs.clone();
-        std::thread::spawn(move || set_waiting(&w, true)).join().unwrap();
+        let (p_mine, p_theirs) = (ListPos::default(), ListPos::default());
+        set_waiting(&w_mine, &p_mine, true);
+        let (w, p) = (w_theirs.clone(), p_theirs.clone());
+        std::thread::spawn(move || set_waiting(&w, &p, true)).join().unwrap();
         let mut polls = 0;
         while mine.n.load(Ordering::Relaxed) == 0 || theirs.n.load(Ordering::Relaxed) == 0 {
             progress_waiting();
@@ -247,8 +275,39 @@ mod tests {
         progress_all_waiting();
         let after = (mine.foreign.load(Ordering::Relaxed), theirs.foreign.load(Ordering::Relaxed));
         assert_eq!(before, after, "a channel wait visited a queue as foreign");
-        set_waiting(&w_mine, false);
-        set_waiting(&w_theirs, false);
+        set_waiting(&w_mine, &p_mine, false);
+        set_waiting(&w_theirs, &p_theirs, false);
+    }
+
+    /// Leaving the list from the middle, the end and the front keeps every other queue
+    /// findable at its recorded position (the `swap_remove` moves the last one).
+    #[test]
+    fn positions_follow_swap_removes() {
+        let me = std::thread::current().id();
+        let qs: Vec<Arc<Counting>> = (0..5).map(|_| Counting::new(me)).collect();
+        let weak: Vec<Weak<dyn Waiter>> = qs.iter().map(|q| Arc::downgrade(q) as Weak<dyn Waiter>).collect();
+        let pos: Vec<ListPos> = weak.iter().map(|_| ListPos::default()).collect();
+        for (w, p) in weak.iter().zip(&pos) {
+            set_waiting(w, p, true);
+        }
+        let listed = |k: usize| {
+            let list = WAITING.lock().unwrap();
+            let at = pos[k].0.load(Ordering::Relaxed);
+            list.get(at).is_some_and(|(x, ..)| x.ptr_eq(&weak[k]))
+        };
+        let mut gone = Vec::new();
+        for g in [2, 4, 0] {
+            set_waiting(&weak[g], &pos[g], false);
+            gone.push(g);
+            for k in (0..5).filter(|k| !gone.contains(k)) {
+                assert!(listed(k), "queue {k} is not at its recorded position after {g} left");
+            }
+            let list = WAITING.lock().unwrap();
+            assert!(!list.iter().any(|(x, ..)| x.ptr_eq(&weak[g])), "queue {g} is still listed");
+        }
+        for k in [1, 3] {
+            set_waiting(&weak[k], &pos[k], false);
+        }
     }
 
     /// Other threads' queues take at most `FOREIGN_BUDGET` of a poll, and every one of them
@@ -258,8 +317,9 @@ mod tests {
         let me = std::thread::current().id();
         let qs: Vec<Arc<Counting>> = (0..20).map(|_| Counting::new(me)).collect();
         let weak: Vec<Weak<dyn Waiter>> = qs.iter().map(|q| Arc::downgrade(q) as Weak<dyn Waiter>).collect();
-        let w = weak.clone();
-        std::thread::spawn(move || w.iter().for_each(|w| set_waiting(w, true))).join().unwrap();
+        let pos: Vec<ListPos> = weak.iter().map(|_| ListPos::default()).collect();
+        let (w, p) = (weak.clone(), pos.clone());
+        std::thread::spawn(move || w.iter().zip(&p).for_each(|(w, p)| set_waiting(w, p, true))).join().unwrap();
         let total = || qs.iter().map(|q| q.n.load(Ordering::Relaxed)).sum::<usize>();
         let mut polls = 0;
         while qs.iter().any(|q| q.n.load(Ordering::Relaxed) == 0) {
@@ -269,6 +329,6 @@ mod tests {
             polls += 1;
             assert!(polls < 1000, "a foreign queue was never reached");
         }
-        weak.iter().for_each(|w| set_waiting(w, false));
+        weak.iter().zip(&pos).for_each(|(w, p)| set_waiting(w, p, false));
     }
 }

@@ -198,6 +198,8 @@ pub(crate) struct SqState {
     pub(crate) registered_pending: bool,
     /// This send queue's own cell, for the process-wide waiting list.
     pub(crate) me: Weak<dyn Waiter>,
+    /// Where this queue is in that list while registered (`retry::set_waiting`).
+    pub(crate) waiting_at: retry::ListPos,
     pub(crate) dest: Option<DestView>,
     /// XRC_SEND: the target XRC SRQ last sent to, seen through the connected XRC_RECV QP.
     pub(crate) xrc_dest: Option<DestView>,
@@ -261,7 +263,7 @@ impl SqState {
     pub(crate) fn set_pending_registered(&mut self, on: bool) {
         if on != self.registered_pending {
             self.registered_pending = on;
-            retry::set_waiting(&self.me, on);
+            retry::set_waiting(&self.me, &self.waiting_at, on);
         }
     }
 
