@@ -23,6 +23,7 @@ pub(crate) trait Waiter: Send + Sync {
 /// process (whichever CQ: a pingpong waits on its receive CQ) progresses them.
 /// `WAITING_COUNT` keeps the check to one load when nothing waits.
 static WAITING: Mutex<Vec<Listed>> = Mutex::new(Vec::new());
+static WAITING_COUNT: AtomicU32 = AtomicU32::new(0);
 
 /// An entry of the waiting list: the queue, the thread that queued its waiting WQEs, and its
 /// position holder.
@@ -34,7 +35,6 @@ type Listed = (Weak<dyn Waiter>, u64, ListPos);
 /// send_bw -b --use-srq -q 256` (`perf`, session 29). Written only under the list's lock.
 #[derive(Clone, Default)]
 pub(crate) struct ListPos(Arc<AtomicUsize>);
-static WAITING_COUNT: AtomicU32 = AtomicU32::new(0);
 
 /// Hands out thread tokens.
 static NEXT_TOKEN: AtomicU64 = AtomicU64::new(1);
@@ -218,17 +218,29 @@ mod tests {
         }
     }
 
+    /// Queues as the tests register them: the counting queues, their weak handles and their
+    /// position holders.
+    type Queues = (Vec<Arc<Counting>>, Vec<Weak<dyn Waiter>>, Vec<ListPos>);
+
+    /// `n` counting queues owned by this thread, their weak handles and position holders.
+    fn queues(n: usize) -> Queues {
+        let me = std::thread::current().id();
+        let qs: Vec<Arc<Counting>> = (0..n).map(|_| Counting::new(me)).collect();
+        let weak = qs.iter().map(|q| Arc::downgrade(q) as Weak<dyn Waiter>).collect();
+        (qs, weak, (0..n).map(|_| ListPos::default()).collect())
+    }
+
+    /// Registers (`on`) or removes every queue of `weak`, with its position holder.
+    fn set_all(weak: &[Weak<dyn Waiter>], pos: &[ListPos], on: bool) {
+        weak.iter().zip(pos).for_each(|(w, p)| set_waiting(w, p, on));
+    }
+
     /// A poll progresses at most `POLL_BUDGET` waiting queues, round robin, so every one of 40
     /// waiting queues is reached by a few polls; a channel waiter progresses each once.
     #[test]
     fn polls_progress_a_bounded_share_round_robin_and_channel_waits_all() {
-        let me = std::thread::current().id();
-        let qs: Vec<Arc<Counting>> = (0..40).map(|_| Counting::new(me)).collect();
-        let weak: Vec<Weak<dyn Waiter>> = qs.iter().map(|q| Arc::downgrade(q) as Weak<dyn Waiter>).collect();
-        let pos: Vec<ListPos> = weak.iter().map(|_| ListPos::default()).collect();
-        for (w, p) in weak.iter().zip(&pos) {
-            set_waiting(w, p, true);
-        }
+        let (qs, weak, pos) = queues(40);
+        set_all(&weak, &pos, true);
         let visits = || qs.iter().map(|q| q.n.load(Ordering::Relaxed)).collect::<Vec<_>>();
         let total = || visits().iter().sum::<usize>();
         let mut polls = 0;
@@ -242,9 +254,7 @@ mod tests {
         let before = visits();
         progress_all_waiting();
         assert!(visits().iter().zip(&before).all(|(a, b)| a - b == 1), "a channel wait visits every queue once");
-        for (w, p) in weak.iter().zip(&pos) {
-            set_waiting(w, p, false);
-        }
+        set_all(&weak, &pos, false);
     }
 
     /// A queue registered by another thread is visited as foreign by a poll here, one this
@@ -283,13 +293,8 @@ mod tests {
     /// findable at its recorded position (the `swap_remove` moves the last one).
     #[test]
     fn positions_follow_swap_removes() {
-        let me = std::thread::current().id();
-        let qs: Vec<Arc<Counting>> = (0..5).map(|_| Counting::new(me)).collect();
-        let weak: Vec<Weak<dyn Waiter>> = qs.iter().map(|q| Arc::downgrade(q) as Weak<dyn Waiter>).collect();
-        let pos: Vec<ListPos> = weak.iter().map(|_| ListPos::default()).collect();
-        for (w, p) in weak.iter().zip(&pos) {
-            set_waiting(w, p, true);
-        }
+        let (_qs, weak, pos) = queues(5);
+        set_all(&weak, &pos, true);
         let listed = |k: usize| {
             let list = WAITING.lock().unwrap();
             let at = pos[k].0.load(Ordering::Relaxed);
@@ -314,12 +319,9 @@ mod tests {
     /// is still reached: the foreign round robin resumes after the last queue it took.
     #[test]
     fn other_threads_queues_take_a_small_share_and_none_is_starved() {
-        let me = std::thread::current().id();
-        let qs: Vec<Arc<Counting>> = (0..20).map(|_| Counting::new(me)).collect();
-        let weak: Vec<Weak<dyn Waiter>> = qs.iter().map(|q| Arc::downgrade(q) as Weak<dyn Waiter>).collect();
-        let pos: Vec<ListPos> = weak.iter().map(|_| ListPos::default()).collect();
+        let (qs, weak, pos) = queues(20);
         let (w, p) = (weak.clone(), pos.clone());
-        std::thread::spawn(move || w.iter().zip(&p).for_each(|(w, p)| set_waiting(w, p, true))).join().unwrap();
+        std::thread::spawn(move || set_all(&w, &p, true)).join().unwrap();
         let total = || qs.iter().map(|q| q.n.load(Ordering::Relaxed)).sum::<usize>();
         let mut polls = 0;
         while qs.iter().any(|q| q.n.load(Ordering::Relaxed) == 0) {
@@ -329,6 +331,6 @@ mod tests {
             polls += 1;
             assert!(polls < 1000, "a foreign queue was never reached");
         }
-        weak.iter().zip(&pos).for_each(|(w, p)| set_waiting(w, p, false));
+        set_all(&weak, &pos, false);
     }
 }
