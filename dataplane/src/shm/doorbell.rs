@@ -163,7 +163,7 @@ fn post_list(f: &Fabric, st: &mut SqState, chain: &SendChain) -> std::result::Re
         if let ([sge], None) = (sges, inline) {
             // Hold a SEND's receiver-side stores while more WRs follow (`HeldRecv`); the last
             // one, and a post of one WR, gain nothing from it.
-            if post_fast::<false, false>(f, st, wr, sge, &mut state, &mut retired, last - i, 0) {
+            if post_fast::<false>(f, st, wr, sge, &mut state, &mut retired, last - i) {
                 continue;
             }
         }
@@ -194,7 +194,7 @@ fn post_lone(f: &Fabric, st: &mut SqState, wr: &SendWr, chain: &SendChain) -> bo
     // `post_fast` takes only an RTS queue with nothing pending; anything else returns false.
     let mut state = st.state();
     let mut retired = st.slot().sq_retired.load(Ordering::Acquire);
-    if !post_fast::<false, false>(f, st, wr, sge, &mut state, &mut retired, 0, 0) {
+    if !post_fast::<false>(f, st, wr, sge, &mut state, &mut retired, 0) {
         return false;
     }
     publish_held(f, &mut st.held);
@@ -218,15 +218,9 @@ fn post_lone(f: &Fabric, st: &mut SqState, wr: &SendWr, chain: &SendChain) -> bo
 /// general path); a request that is not one SGE, or whose buffer does not fit or fails its
 /// checks, is finished by the general code ([`deliver_taken`]), so the receiver sees the
 /// same completion either way.
-///
-/// `PENDING`: `wr` is WQE `wqe`, taken off the head of the pending queue by [`run_pending`]
-/// (posted earlier, so already counted against the queue's depth, and followed by `rest`
-/// pending WQEs). It runs here as a new post would, except that it keeps its WQE number and
-/// never goes through the message queue (a pending SEND is delivered as the general path
-/// would have, by its sender).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn post_fast<const XRC: bool, const PENDING: bool>(
+pub(crate) fn post_fast<const XRC: bool>(
     f: &Fabric,
     st: &mut SqState,
     wr: &SendWr,
@@ -234,7 +228,6 @@ pub(crate) fn post_fast<const XRC: bool, const PENDING: bool>(
     state: &mut QpState,
     retired: &mut u32,
     rest: usize,
-    wqe: u32,
 ) -> bool {
     let hold = rest > 0;
     let op = wr.opcode;
@@ -243,7 +236,7 @@ pub(crate) fn post_fast<const XRC: bool, const PENDING: bool>(
     if !(is_send || op == WrOpcode::RdmaWrite)
         || !type_ok
         || *state != QpState::Rts
-        || (!PENDING && !st.pending.is_empty())
+        || !st.pending.is_empty()
         || st.max_sge == 0
         || wr.flags.contains(SendFlags::IP_CSUM)
         || sge.length > 1 << 31
@@ -266,7 +259,7 @@ pub(crate) fn post_fast<const XRC: bool, const PENDING: bool>(
     let Some(src) = src else {
         return false;
     };
-    if !PENDING && st.posted.wrapping_sub(*retired) >= st.depth {
+    if st.posted.wrapping_sub(*retired) >= st.depth {
         *retired = st.slot().sq_retired.load(Ordering::Acquire);
         if st.posted.wrapping_sub(*retired) >= st.depth {
             return false;
@@ -297,7 +290,6 @@ pub(crate) fn post_fast<const XRC: bool, const PENDING: bool>(
     // goes by reference, the cell naming its bytes for the drainer to copy, unless INLINE
     // (the caller may reuse those bytes once the post returns).
     if !XRC
-        && !PENDING
         && is_send
         && (len <= MQ_PAYLOAD_MAX || (len <= MQ_REF_MAX && !wr.flags.contains(SendFlags::INLINE)))
         && (rest > 0 || st.mq.last != 0 || st.mq_every || st.mq_stream)
@@ -433,13 +425,8 @@ pub(crate) fn post_fast<const XRC: bool, const PENDING: bool>(
         copy_translated(src, dst, len);
         WcStatus::Success
     };
-    let wqe = if PENDING {
-        wqe
-    } else {
-        let w = st.posted;
-        st.posted = w.wrapping_add(1);
-        w
-    };
+    let wqe = st.posted;
+    st.posted = st.posted.wrapping_add(1);
     finish(f, st, wr, wqe, status, 0);
     if status != WcStatus::Success {
         *state = QpState::Error;
@@ -664,7 +651,7 @@ pub(crate) fn post_fast_xrc(
     state: &mut QpState,
     retired: &mut u32,
 ) -> bool {
-    post_fast::<true, false>(f, st, wr, sge, state, retired, 0, 0)
+    post_fast::<true>(f, st, wr, sge, state, retired, 0)
 }
 
 /// `post_one` for a WR with several SGEs, and TSO requests ([`post_tso`]), out of line to
@@ -851,19 +838,6 @@ pub(crate) fn handle_block(f: &Fabric, st: &mut SqState, kind: BlockKind) -> boo
 /// (another sender of an SRQ won the request), the wait, its deadline and the retry count
 /// stay as they were. So `rnr_retry` still counts timer expiries exactly.
 pub(crate) fn run_pending(f: &Fabric, st: &mut SqState, now: Instant) {
-    run_pending_in_order(f, st, now);
-    // What the fast path held for the receivers of the WQEs it ran (`HeldRecv`).
-    publish_held(f, &mut st.held);
-}
-
-/// [`run_pending`]'s loop. The WQEs queued behind the one that waited were never tried: once
-/// the queue is moving, each of the common kind (one SGE, not INLINE) goes through the
-/// post's fast path (`post_fast`, holding its receiver-side stores while more follow), as
-/// it would have had nothing been pending. Behind 256 QPs' RNR waits into one SRQ, the
-/// general path's per-WQE execution had become most of the sender's time (session 28).
-/// The head of a waiting queue (a retry) keeps the general path: its failure must count
-/// against the retries, which only that path does.
-fn run_pending_in_order(f: &Fabric, st: &mut SqState, now: Instant) {
     let mut segs = [Seg::default(); MAX_SGE];
     while let Some(p) = st.pending.front().copied() {
         if st.blocked.is_some_and(|b| b.kind == BlockKind::Drain) {
@@ -878,23 +852,6 @@ fn run_pending_in_order(f: &Fabric, st: &mut SqState, now: Instant) {
             }
             st.blocked = None;
         }
-        if st.blocked.is_none() && p.n_sge == 1 && p.inline_len.is_none() {
-            let sge = st.pending_parts(&p).0[0];
-            // Off the queue while it runs, as the general path below does before `finish`
-            // (a failure flushes what is still pending); put back if the fast path passes.
-            st.pending.pop_front();
-            let (mut state, mut retired) = (st.state(), 0);
-            let rest = st.pending.len();
-            if post_fast::<false, true>(f, st, &p.wr, &sge, &mut state, &mut retired, rest, p.wqe) {
-                if state != QpState::Rts {
-                    return;
-                }
-                continue;
-            }
-            st.pending.push_front(p);
-        }
-        // The general path completes in order after what the fast path held.
-        publish_held(f, &mut st.held);
         let mut early = false;
         if let Some(b) = st.blocked {
             if now < b.next_at {
