@@ -6,6 +6,7 @@
 //! it, and is retried after the RNR timer or ACK timeout (`run_pending`, from the send CQ's
 //! `poll`, a channel wait, or the next `post_send`), until its retry count runs out.
 
+use super::complete::after_push;
 use super::dest::*;
 use super::drain::{self, F_IMM, F_REF, F_SIGNALED, F_SOLICITED, META_WORDS, MQ_PAYLOAD_MAX, MQ_REF_MAX};
 use super::exec::*;
@@ -348,6 +349,21 @@ pub(crate) fn post_fast<const XRC: bool>(
                 c
             };
             if let Some(cq_pos) = claimed {
+                // A signaled SEND's own completion: its cell is claimed now, with the
+                // receiver's, and published after the copy (`HeldRecv`). A full send CQ
+                // overruns now, as `finish` would.
+                let wqe = st.posted;
+                let send_pos = if st.sig_all || wr.flags.contains(SendFlags::SIGNALED) {
+                    let mut seen = st.send_cq_head.get();
+                    let pos = st.send_cq.ring.claim(&mut seen);
+                    st.send_cq_head.set(seen);
+                    if pos.is_none() {
+                        after_push(f, st.send_cq.cqn, st.send_cq.has_channel, false, false);
+                    }
+                    pos
+                } else {
+                    None
+                };
                 let held = &mut st.held;
                 if held.len == MAX_HELD || (held.len > 0 && !held.dest.is_some_and(|h| h.goes_to(rq, &d.cq))) {
                     publish_held(f, held);
@@ -361,6 +377,9 @@ pub(crate) fn post_fast<const XRC: bool>(
                         qp_num: d.qpn,
                         src_qp: st.qpn,
                         slid: st.lid,
+                        send_cq: st.send_cq.ring,
+                        send_cqn: st.send_cq.cqn,
+                        send_channel: st.send_cq.has_channel,
                     });
                 }
                 let base = f.base_addr();
@@ -375,8 +394,14 @@ pub(crate) fn post_fast<const XRC: bool>(
                     imm_data: if imm { wr.imm_data } else { 0 },
                     with_imm: imm,
                     solicited,
+                    send_pos,
+                    send_wr_id: wr.wr_id,
+                    wqe,
                 };
                 held.len += 1;
+                // Its completion, if signaled, is published with the held stores.
+                st.posted = wqe.wrapping_add(1);
+                return true;
             } else {
                 let wc = WorkCompletion {
                     wr_id: st.rx.wr_id,

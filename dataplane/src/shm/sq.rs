@@ -90,6 +90,12 @@ pub(crate) const MAX_HELD: usize = 32;
 /// -l 32` sat on the CAS of the receiver's CQ tail, `perf` on this VM); held, a chain waits
 /// about once. Addresses are fabric offsets (the rings' views are `Send`, pointers are not).
 ///
+/// The sender's own completion of a signaled SEND waits with them: it tells the application
+/// that the send buffer may be reused, so it must not show before the bytes are copied out
+/// of it (another thread may poll the send CQ while this one posts; case
+/// `a_buffer_reused_after_its_send_completion_does_not_change_the_message`). Its cell is
+/// claimed with the others and published after the copy.
+///
 /// Only what differs between the messages of a chain is kept here; the rings and the
 /// completion's constant fields are [`HeldDest`], once per chain (copying them per message
 /// was most of what holding cost in chains).
@@ -110,6 +116,11 @@ pub(crate) struct HeldRecv {
     pub(crate) with_imm: bool,
     /// The SEND was SOLICITED.
     pub(crate) solicited: bool,
+    /// The sender's completion, if the SEND is signaled: its claimed cell of the send CQ,
+    /// the SEND's `wr_id` and its WQE number (which the CQE retires).
+    pub(crate) send_pos: Option<u64>,
+    pub(crate) send_wr_id: u64,
+    pub(crate) wqe: u32,
 }
 
 /// Where the held SENDs of one post go (an RC or UC QP sends to one peer): the receive queue
@@ -125,6 +136,11 @@ pub(crate) struct HeldDest {
     pub(crate) qp_num: u32,
     pub(crate) src_qp: u32,
     pub(crate) slid: u16,
+    /// The sender's send CQ (its ring, number and whether it has a channel), for the
+    /// completions of signaled SENDs.
+    pub(crate) send_cq: super::wire::CqRing,
+    pub(crate) send_cqn: u32,
+    pub(crate) send_channel: bool,
 }
 
 impl HeldDest {

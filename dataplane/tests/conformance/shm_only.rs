@@ -536,3 +536,74 @@ fn xrc_memory_window_opcodes() {
     post(&mut qs, SendWr::write(5, b.addr(8192), kb), &[a.sge(0, 8)]);
     assert_eq!(poll_one(&mut a.scq).status, WcStatus::RemAccessErr);
 }
+
+/// ibv_post_send(3): once a send's completion is polled, its buffer may be reused. On `shm`
+/// the poster's CPU does the receiver's copy, and in a post list it holds the receiver-side
+/// stores of a SEND until the later WRs have claimed their cells (`HeldRecv`); its own
+/// completion must wait for that copy too. Here one thread posts lists of two signaled SENDs
+/// while a second polls the send CQ and overwrites each first buffer as soon as its
+/// completion shows: the receiver must still get the bytes as they were when posted.
+#[test]
+fn a_buffer_reused_after_its_send_completion_does_not_change_the_message() {
+    use dataplane::{Cq, MemRegion};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::Instant;
+    /// The first SEND's bytes (more than a CQE carries, so they are copied to the buffer),
+    /// the second's (long enough to keep the poster busy after the first completion), and
+    /// where node b receives them.
+    const FIRST: usize = 4096;
+    const SECOND: usize = 64 << 10;
+    const RX: usize = 512 << 10;
+    const ROUNDS: u64 = 2000;
+    for t in [QpType::Uc, QpType::Rc] {
+        let caps = QpCaps { max_send_wr: 64, max_recv_wr: 64, ..QpCaps::default() };
+        let mut p = pair::<ShmHarness>(&format!("reuse-after-wc-{t:?}"), t, caps, ConnOpts::default());
+        let Pair { a, b, qa, qb } = &mut p;
+        let Node { scq, region, mr, .. } = a;
+        let (lkey, base) = (mr.lkey(), mr.addr());
+        // Rounds whose first buffer the poller has overwritten (after the completion).
+        let scribbled = AtomicU64::new(0);
+        std::thread::scope(|sc| {
+            let (region, scribbled) = (&*region, &scribbled);
+            sc.spawn(move || {
+                let mut wc = [WorkCompletion::default(); 4];
+                let end = Instant::now() + DEADLINE;
+                while scribbled.load(Ordering::Relaxed) < ROUNDS && Instant::now() < end {
+                    let n = scq.poll(&mut wc).expect("poll the send CQ");
+                    for w in &wc[..n] {
+                        assert_eq!(w.status, WcStatus::Success, "{w:?}");
+                        if w.wr_id % 2 == 0 {
+                            region.write(0, &[0xee; FIRST]);
+                            scribbled.fetch_add(1, Ordering::Release);
+                        }
+                    }
+                }
+            });
+            let mut bad = 0;
+            for r in 0..ROUNDS {
+                let want = pattern(r as u8, FIRST);
+                region.write(0, &want);
+                let rx = RecvChain::one(2 * r, &[b.sge(RX, FIRST as u32)]);
+                qb.post_recv(&rx).expect("post_recv");
+                let rx = RecvChain::one(2 * r + 1, &[b.sge(RX + FIRST, SECOND as u32)]);
+                qb.post_recv(&rx).expect("post_recv");
+                let mut c = SendChain::with_capacity(2, 2);
+                c.push(SendWr::send(2 * r).signaled(), &[Sge::new(base, FIRST as u32, lkey)]);
+                c.push(SendWr::send(2 * r + 1).signaled(), &[Sge::new(base + FIRST as u64, SECOND as u32, lkey)]);
+                qa.post_send(&c).expect("post_send");
+                let wcs = poll_n(&mut b.rcq, 2);
+                assert_eq!((wcs[0].wr_id, wcs[0].status), (2 * r, WcStatus::Success));
+                if b.read(RX, FIRST) != want {
+                    bad += 1;
+                }
+                // The next round rewrites the buffer only after this round's scribble.
+                let end = Instant::now() + DEADLINE;
+                while scribbled.load(Ordering::Acquire) <= r {
+                    assert!(Instant::now() < end, "{t:?}: the send completion of round {r} never came");
+                    std::hint::spin_loop();
+                }
+            }
+            assert_eq!(bad, 0, "{t:?}: {bad} of {ROUNDS} messages carried bytes written after their send completed");
+        });
+    }
+}
