@@ -16,7 +16,7 @@ use super::mr::mr_lookup;
 use super::msgq::{MsgQueue, PAYLOAD_WORDS};
 use super::place::*;
 use super::recvq::{self, MAX_SGE};
-use super::sq::{BlockKind, Blocked, HeldDest, HeldRecv, MqSend, SqState, MAX_HELD};
+use super::sq::{BlockKind, Blocked, HeldDest, HeldRecv, HeldSend, MqSend, SqState, MAX_HELD};
 use super::wire::RecvRing;
 use super::wire::INLINE_CQE_MAX;
 use crate::net::frame::FrameKey;
@@ -320,6 +320,8 @@ pub(crate) fn post_fast<const XRC: bool>(
     if !st.mq.settle() {
         return false;
     }
+    // A held SEND's completion is written with its held stores (`HeldSend`), not below.
+    let mut held_now = false;
     let status = if is_send {
         // An SRQ is consumed with the MPMC pop (`SrqView::take`, which also raises the limit
         // event); a tag-matching SRQ goes the general way (it may match the message).
@@ -350,20 +352,19 @@ pub(crate) fn post_fast<const XRC: bool>(
             };
             if let Some(cq_pos) = claimed {
                 // A signaled SEND's own completion: its cell is claimed now, with the
-                // receiver's, and published after the copy (`HeldRecv`). A full send CQ
+                // receiver's, and published after the copy (`HeldSend`). A full send CQ
                 // overruns now, as `finish` would.
                 let wqe = st.posted;
-                let send_pos = if st.sig_all || wr.flags.contains(SendFlags::SIGNALED) {
+                let mut send = None;
+                if st.sig_all || wr.flags.contains(SendFlags::SIGNALED) {
                     let mut seen = st.send_cq_head.get();
                     let pos = st.send_cq.ring.claim(&mut seen);
                     st.send_cq_head.set(seen);
-                    if pos.is_none() {
-                        after_push(f, st.send_cq.cqn, st.send_cq.has_channel, false, false);
+                    match pos {
+                        Some(pos) => send = Some(HeldSend { pos, wr_id: wr.wr_id, wqe }),
+                        None => after_push(f, st.send_cq.cqn, st.send_cq.has_channel, false, false),
                     }
-                    pos
-                } else {
-                    None
-                };
+                }
                 let held = &mut st.held;
                 if held.len == MAX_HELD || (held.len > 0 && !held.dest.is_some_and(|h| h.goes_to(rq, &d.cq))) {
                     publish_held(f, held);
@@ -394,14 +395,15 @@ pub(crate) fn post_fast<const XRC: bool>(
                     imm_data: if imm { wr.imm_data } else { 0 },
                     with_imm: imm,
                     solicited,
-                    send_pos,
-                    send_wr_id: wr.wr_id,
-                    wqe,
                 };
                 held.len += 1;
-                // Its completion, if signaled, is published with the held stores.
-                st.posted = wqe.wrapping_add(1);
-                return true;
+                // Added after the publication above, which must not complete this SEND
+                // before its copy. (`sends` has room for every held message.)
+                if let Some(send) = send {
+                    held.sends[held.n_sends] = send;
+                    held.n_sends += 1;
+                }
+                held_now = true;
             } else {
                 let wc = WorkCompletion {
                     wr_id: st.rx.wr_id,
@@ -452,7 +454,9 @@ pub(crate) fn post_fast<const XRC: bool>(
     };
     let wqe = st.posted;
     st.posted = st.posted.wrapping_add(1);
-    finish(f, st, wr, wqe, status, 0);
+    if !held_now {
+        finish(f, st, wr, wqe, status, 0);
+    }
     if status != WcStatus::Success {
         *state = QpState::Error;
     }

@@ -99,8 +99,8 @@ pub(crate) fn push_recv_wc_inline(
 /// Completes held fast-path SENDs ([`Held`]) in the order they were claimed: releases
 /// each receive request's cell (first, so that a receiver that sees the completion can post
 /// into it again), places the bytes (in the CQE when they fit, else into the checked buffer)
-/// and publishes the CQE, then the sender's completion of a signaled SEND (after the copy:
-/// it frees the send buffer). Empties `held`.
+/// and publishes the CQE; then the senders' completions of the signaled ones (after every
+/// copy: each frees its send buffer). Empties `held`.
 #[inline(always)]
 pub(crate) fn publish_held(f: &Fabric, held: &mut Held) {
     if !held.is_empty() {
@@ -138,12 +138,12 @@ fn publish_held_now(f: &Fabric, held: &mut Held) {
         }
         // A claimed cell is always published: no overrun here.
         after_push(f, d.cqn, d.channel, true, h.solicited);
-        if let Some(pos) = h.send_pos {
-            let wc =
-                WorkCompletion { wr_id: h.send_wr_id, opcode: WcOpcode::Send, qp_num: d.src_qp, ..Default::default() };
-            d.send_cq.publish(pos, &wc, Some(h.wqe));
-            after_push(f, d.send_cqn, d.send_channel, true, false);
-        }
+    }
+    // Every held copy is done: the senders' completions may show (`HeldSend`).
+    for s in &held.sends[..std::mem::take(&mut held.n_sends)] {
+        let wc = WorkCompletion { wr_id: s.wr_id, opcode: WcOpcode::Send, qp_num: d.src_qp, ..Default::default() };
+        d.send_cq.publish(s.pos, &wc, Some(s.wqe));
+        after_push(f, d.send_cqn, d.send_channel, true, false);
     }
 }
 

@@ -90,11 +90,7 @@ pub(crate) const MAX_HELD: usize = 32;
 /// -l 32` sat on the CAS of the receiver's CQ tail, `perf` on this VM); held, a chain waits
 /// about once. Addresses are fabric offsets (the rings' views are `Send`, pointers are not).
 ///
-/// The sender's own completion of a signaled SEND waits with them: it tells the application
-/// that the send buffer may be reused, so it must not show before the bytes are copied out
-/// of it (another thread may poll the send CQ while this one posts; case
-/// `a_buffer_reused_after_its_send_completion_does_not_change_the_message`). Its cell is
-/// claimed with the others and published after the copy.
+/// The sender's own completion of a signaled SEND waits with them ([`HeldSend`]).
 ///
 /// Only what differs between the messages of a chain is kept here; the rings and the
 /// completion's constant fields are [`HeldDest`], once per chain (copying them per message
@@ -116,10 +112,22 @@ pub(crate) struct HeldRecv {
     pub(crate) with_imm: bool,
     /// The SEND was SOLICITED.
     pub(crate) solicited: bool,
-    /// The sender's completion, if the SEND is signaled: its claimed cell of the send CQ,
-    /// the SEND's `wr_id` and its WQE number (which the CQE retires).
-    pub(crate) send_pos: Option<u64>,
-    pub(crate) send_wr_id: u64,
+}
+
+/// The sender's own completion of a held signaled SEND ([`HeldRecv`]): it tells the
+/// application that the send buffer may be reused, so it must not show before the bytes are
+/// copied out of it (another thread may poll the send CQ while this one posts; case
+/// `a_buffer_reused_after_its_send_completion_does_not_change_the_message`). Its cell of the
+/// send CQ is claimed with the others (the locked instructions stay before the stores into
+/// the receiver's lines) and published after the held copies. Kept apart from `HeldRecv`:
+/// most SENDs of a post list are unsignaled, and three more fields written per message cost
+/// the echo pipeline 15 instructions per SEND (callgrind).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct HeldSend {
+    /// The claimed cell of the send CQ.
+    pub(crate) pos: u64,
+    /// The SEND's `wr_id`, and its WQE number (which the CQE retires).
+    pub(crate) wr_id: u64,
     pub(crate) wqe: u32,
 }
 
@@ -160,12 +168,21 @@ pub(crate) struct Held {
     pub(crate) dest: Option<HeldDest>,
     pub(crate) msgs: [HeldRecv; MAX_HELD],
     pub(crate) len: usize,
+    /// The signaled ones' completions, in posting order.
+    pub(crate) sends: [HeldSend; MAX_HELD],
+    pub(crate) n_sends: usize,
 }
 
 impl Held {
     /// Nothing held.
     pub(crate) fn new() -> Held {
-        Held { dest: None, msgs: [HeldRecv::default(); MAX_HELD], len: 0 }
+        Held {
+            dest: None,
+            msgs: [HeldRecv::default(); MAX_HELD],
+            len: 0,
+            sends: [HeldSend::default(); MAX_HELD],
+            n_sends: 0,
+        }
     }
 
     /// Whether nothing is held.
