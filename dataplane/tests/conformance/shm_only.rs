@@ -545,7 +545,7 @@ fn xrc_memory_window_opcodes() {
 /// completion shows: the receiver must still get the bytes as they were when posted.
 #[test]
 fn a_buffer_reused_after_its_send_completion_does_not_change_the_message() {
-    use dataplane::{Cq, MemRegion};
+    use dataplane::{Cq, MemRegion, Pd, Srq};
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::time::Instant;
     /// The first SEND's bytes (more than a CQE carries, so they are copied to the buffer),
@@ -555,11 +555,22 @@ fn a_buffer_reused_after_its_send_completion_does_not_change_the_message() {
     const SECOND: usize = 64 << 10;
     const RX: usize = 512 << 10;
     const ROUNDS: u64 = 2000;
-    for t in [QpType::Uc, QpType::Rc] {
+    // UC and RC to a receive queue, and RC to an SRQ (the pipeline's receive side; a list
+    // to an RC receive queue may go through its message queue instead of holding).
+    for (t, use_srq) in [(QpType::Uc, false), (QpType::Rc, false), (QpType::Rc, true)] {
+        let test = format!("reuse-after-wc-{t:?}-{}", if use_srq { "srq" } else { "rq" });
         let caps = QpCaps { max_send_wr: 64, max_recv_wr: 64, ..QpCaps::default() };
-        let mut p = pair::<ShmHarness>(&format!("reuse-after-wc-{t:?}"), t, caps, ConnOpts::default());
-        let Pair { a, b, qa, qb } = &mut p;
-        let Node { scq, region, mr, .. } = a;
+        let (mut a, mut b) = (Node::<ShmHarness>::open(&test, 0), Node::<ShmHarness>::open(&test, 1));
+        let mut srq = use_srq.then(|| b.pd.create_srq(&SrqAttr { max_wr: 64, max_sge: 1, srq_limit: 0 }).unwrap());
+        let mut qa = a.qp(t, caps, None, false);
+        let mut qb = b.qp(t, caps, srq.as_ref(), false);
+        connect::<ShmHarness>(&mut qa, &mut qb, &ConnOpts::default());
+        let b = &mut b;
+        let mut post_recv = |rx: &RecvChain| match &mut srq {
+            Some(srq) => srq.post_recv(rx).expect("post_srq_recv"),
+            None => qb.post_recv(rx).expect("post_recv"),
+        };
+        let Node { scq, region, mr, .. } = &mut a;
         let (lkey, base) = (mr.lkey(), mr.addr());
         // Rounds whose first buffer the poller has overwritten (after the completion).
         let scribbled = AtomicU64::new(0);
@@ -583,10 +594,8 @@ fn a_buffer_reused_after_its_send_completion_does_not_change_the_message() {
             for r in 0..ROUNDS {
                 let want = pattern(r as u8, FIRST);
                 region.write(0, &want);
-                let rx = RecvChain::one(2 * r, &[b.sge(RX, FIRST as u32)]);
-                qb.post_recv(&rx).expect("post_recv");
-                let rx = RecvChain::one(2 * r + 1, &[b.sge(RX + FIRST, SECOND as u32)]);
-                qb.post_recv(&rx).expect("post_recv");
+                post_recv(&RecvChain::one(2 * r, &[b.sge(RX, FIRST as u32)]));
+                post_recv(&RecvChain::one(2 * r + 1, &[b.sge(RX + FIRST, SECOND as u32)]));
                 let mut c = SendChain::with_capacity(2, 2);
                 c.push(SendWr::send(2 * r).signaled(), &[Sge::new(base, FIRST as u32, lkey)]);
                 c.push(SendWr::send(2 * r + 1).signaled(), &[Sge::new(base + FIRST as u64, SECOND as u32, lkey)]);
@@ -599,11 +608,11 @@ fn a_buffer_reused_after_its_send_completion_does_not_change_the_message() {
                 // The next round rewrites the buffer only after this round's scribble.
                 let end = Instant::now() + DEADLINE;
                 while scribbled.load(Ordering::Acquire) <= r {
-                    assert!(Instant::now() < end, "{t:?}: the send completion of round {r} never came");
+                    assert!(Instant::now() < end, "{test}: the send completion of round {r} never came");
                     std::hint::spin_loop();
                 }
             }
-            assert_eq!(bad, 0, "{t:?}: {bad} of {ROUNDS} messages carried bytes written after their send completed");
+            assert_eq!(bad, 0, "{test}: {bad} of {ROUNDS} messages carried bytes written after their send completed");
         });
     }
 }
