@@ -162,8 +162,9 @@ fn post_list(f: &Fabric, st: &mut SqState, chain: &SendChain) -> std::result::Re
         let sges = chain.sges_of(wr);
         let inline = chain.inline_of(wr);
         if let ([sge], None) = (sges, inline) {
-            // Hold a SEND's receiver-side stores while more WRs follow (`HeldRecv`); the last
-            // one, and a post of one WR, gain nothing from it.
+            // Hold a SEND's receiver-side stores while more WRs follow (`HeldRecv`), and the
+            // last one's when others are held (`post_fast`); a post of one WR gains nothing
+            // from it.
             if post_fast::<false>(f, st, wr, sge, &mut state, &mut retired, last - i) {
                 continue;
             }
@@ -340,9 +341,11 @@ pub(crate) fn post_fast<const XRC: bool>(
             let imm = op == WrOpcode::SendWithImm;
             let solicited = wr.flags.contains(SendFlags::SOLICITED);
             // Hold the receiver-side stores until the chain's claims are made (`HeldRecv`);
-            // XRC (out of line), the chain's last WR and a CQ that is full (its overrun) do
-            // them now.
-            let claimed = if XRC || !hold {
+            // XRC (out of line), a lone post and a CQ that is full (its overrun) do them now.
+            // The chain's last WR is held too when others are: its completion, written now,
+            // would free their buffers before their bytes are copied (a completion implies
+            // those of the unsignaled WRs before it).
+            let claimed = if XRC || (!hold && st.held.is_empty()) {
                 None
             } else {
                 let mut seen = d.cq_head.get();
@@ -405,6 +408,9 @@ pub(crate) fn post_fast<const XRC: bool>(
                 }
                 held_now = true;
             } else {
+                // Not held (a lone post, XRC, or a full receive CQ): what is held completes
+                // first, for the same reason.
+                publish_held(f, &mut st.held);
                 let wc = WorkCompletion {
                     wr_id: st.rx.wr_id,
                     opcode: WcOpcode::Recv,

@@ -537,12 +537,14 @@ fn xrc_memory_window_opcodes() {
     assert_eq!(poll_one(&mut a.scq).status, WcStatus::RemAccessErr);
 }
 
-/// ibv_post_send(3): once a send's completion is polled, its buffer may be reused. On `shm`
+/// ibv_post_send(3): once a send's completion is polled, its buffer may be reused, and so may
+/// those of the unsignaled sends posted before it (a completion implies theirs). On `shm`
 /// the poster's CPU does the receiver's copy, and in a post list it holds the receiver-side
 /// stores of a SEND until the later WRs have claimed their cells (`HeldRecv`); its own
-/// completion must wait for that copy too. Here one thread posts lists of two signaled SENDs
-/// while a second polls the send CQ and overwrites each first buffer as soon as its
-/// completion shows: the receiver must still get the bytes as they were when posted.
+/// completion, and any later one, must wait for that copy too. Here one thread posts lists
+/// of two SENDs (both signaled, or only the second) while a second thread polls the send CQ
+/// and overwrites each first buffer as soon as a completion that frees it shows: the
+/// receiver must still get the bytes as they were when posted.
 #[test]
 fn a_buffer_reused_after_its_send_completion_does_not_change_the_message() {
     use dataplane::{Cq, MemRegion, Pd, Srq};
@@ -551,14 +553,23 @@ fn a_buffer_reused_after_its_send_completion_does_not_change_the_message() {
     /// The first SEND's bytes (more than a CQE carries, so they are copied to the buffer),
     /// the second's (long enough to keep the poster busy after the first completion), and
     /// where node b receives them.
-    const FIRST: usize = 4096;
+    const FIRST: usize = 32 << 10;
     const SECOND: usize = 64 << 10;
     const RX: usize = 512 << 10;
     const ROUNDS: u64 = 2000;
     // UC and RC to a receive queue, and RC to an SRQ (the pipeline's receive side; a list
     // to an RC receive queue may go through its message queue instead of holding).
-    for (t, use_srq) in [(QpType::Uc, false), (QpType::Rc, false), (QpType::Rc, true)] {
-        let test = format!("reuse-after-wc-{t:?}-{}", if use_srq { "srq" } else { "rq" });
+    // With `selective`, only the second SEND is signaled (the usual pattern: one completion
+    // for a list), and its completion frees both buffers.
+    let kinds = [(QpType::Uc, false), (QpType::Rc, false), (QpType::Rc, true)];
+    for ((t, use_srq), selective) in kinds.into_iter().flat_map(|k| [(k, false), (k, true)]) {
+        let test = format!(
+            "reuse-after-wc-{t:?}-{}{}",
+            if use_srq { "srq" } else { "rq" },
+            if selective { "-selective" } else { "" }
+        );
+        // The completion after which the poller overwrites the first buffer: wr_id % 2.
+        let trigger = u64::from(selective);
         let caps = QpCaps { max_send_wr: 64, max_recv_wr: 64, ..QpCaps::default() };
         let (mut a, mut b) = (Node::<ShmHarness>::open(&test, 0), Node::<ShmHarness>::open(&test, 1));
         let mut srq = use_srq.then(|| b.pd.create_srq(&SrqAttr { max_wr: 64, max_sge: 1, srq_limit: 0 }).unwrap());
@@ -583,7 +594,7 @@ fn a_buffer_reused_after_its_send_completion_does_not_change_the_message() {
                     let n = scq.poll(&mut wc).expect("poll the send CQ");
                     for w in &wc[..n] {
                         assert_eq!(w.status, WcStatus::Success, "{w:?}");
-                        if w.wr_id % 2 == 0 {
+                        if w.wr_id % 2 == trigger {
                             region.write(0, &[0xee; FIRST]);
                             scribbled.fetch_add(1, Ordering::Release);
                         }
@@ -597,7 +608,8 @@ fn a_buffer_reused_after_its_send_completion_does_not_change_the_message() {
                 post_recv(&RecvChain::one(2 * r, &[b.sge(RX, FIRST as u32)]));
                 post_recv(&RecvChain::one(2 * r + 1, &[b.sge(RX + FIRST, SECOND as u32)]));
                 let mut c = SendChain::with_capacity(2, 2);
-                c.push(SendWr::send(2 * r).signaled(), &[Sge::new(base, FIRST as u32, lkey)]);
+                let first = if selective { SendWr::send(2 * r) } else { SendWr::send(2 * r).signaled() };
+                c.push(first, &[Sge::new(base, FIRST as u32, lkey)]);
                 c.push(SendWr::send(2 * r + 1).signaled(), &[Sge::new(base + FIRST as u64, SECOND as u32, lkey)]);
                 qa.post_send(&c).expect("post_send");
                 let wcs = poll_n(&mut b.rcq, 2);
