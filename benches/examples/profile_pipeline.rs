@@ -11,6 +11,11 @@
 //! BURST (default 32) is how many messages the source makes per loop. With 1, every loop
 //! carries one message each way, as at a paced rate: the count per message is then the
 //! latency path's (every per-loop cost paid by one message), where 32 gives the rate's.
+//!
+//! IDLE (third argument, default 0): after the messages, each worker runs IDLE more loops
+//! that find nothing to do, the loop a paced pipeline spins in between messages (its length
+//! is how late a worker notices a message, on average half of it):
+//! (Ir(IDLE = B) - Ir(IDLE = A)) / (2 (B - A)) is one idle loop's instructions.
 
 use dataplane::mem::{BufferPool, HugePolicy};
 use dataplane::pipeline::{Clock, Echo, Sink, Source, SourceLimits, Target};
@@ -57,6 +62,7 @@ type Worked = (Worker<Shm>, <Shm as Provider>::Mr);
 fn main() {
     let messages: u64 = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(100_000);
     let burst: usize = std::env::args().nth(2).and_then(|a| a.parse().ok()).filter(|&b| b > 0).unwrap_or(32);
+    let idle: u64 = std::env::args().nth(3).and_then(|a| a.parse().ok()).unwrap_or(0);
     let fabric = format!("profile-pipeline-{}", std::process::id());
     let ctx = Arc::new(Shm::open(&ShmConfig { fabric, size: 128 << 20, huge: HugePolicy::Never }).expect("open"));
     let pd = ctx.alloc_pd().expect("pd");
@@ -81,6 +87,23 @@ fn main() {
         client.step();
         server.step();
         steps += 1;
+    }
+    // Let the last completions and the SRQ refills settle, so the loops counted below find
+    // nothing at all to do.
+    for _ in 0..1000 {
+        client.step();
+        server.step();
+    }
+    let sstats = server.stats();
+    let busy = (cstats.busy_loops.get(), sstats.busy_loops.get());
+    for _ in 0..idle {
+        client.step();
+        server.step();
+    }
+    // Checked, or the idle count would be a mix of idle and busy loops.
+    if (cstats.busy_loops.get(), sstats.busy_loops.get()) != busy {
+        eprintln!("error: a worker found work during the {idle} idle loops");
+        std::process::exit(1);
     }
     client.teardown();
     server.teardown();
