@@ -89,10 +89,15 @@ fn main() {
         steps += 1;
     }
     // Let the last completions and the SRQ refills settle, so the loops counted below find
-    // nothing at all to do.
-    for _ in 0..1000 {
-        client.step();
-        server.step();
+    // nothing at all to do: until a loop pair in which neither worker did any work (`step`
+    // says whether it did), bounded.
+    let mut settle = 0u32;
+    while client.step() | server.step() {
+        settle += 1;
+        if settle == 1_000_000 {
+            eprintln!("error: the workers still found work after {settle} loop pairs past the last message");
+            std::process::exit(1);
+        }
     }
     let sstats = server.stats();
     let busy = (cstats.busy_loops.get(), sstats.busy_loops.get());

@@ -181,12 +181,17 @@ impl<Q: Qp> SendBatch<Q> {
         if wc.wr_id < self.done_seq || wc.wr_id >= self.next_seq {
             return; // not one of ours (or already released): ignore
         }
-        while self.done_seq <= wc.wr_id {
-            if let Some(b) = self.bufs.pop_front() {
-                let _ = cache.put(b);
-            }
-            self.done_seq += 1;
-        }
+        // The buffers of WRs done_seq..=wr_id, the oldest held, go back in one `put_many`
+        // per slice of the deque (the cache's count is then published once per completion,
+        // not per buffer).
+        let k = ((wc.wr_id - self.done_seq + 1) as usize).min(self.bufs.len());
+        let (front, back) = self.bufs.as_slices();
+        let (front, back) =
+            if k <= front.len() { (&front[..k], &back[..0]) } else { (front, &back[..k - front.len()]) };
+        let _ = cache.put_many(front);
+        let _ = cache.put_many(back);
+        self.bufs.drain(..k);
+        self.done_seq = wc.wr_id + 1;
     }
 
     /// Returns every buffer still held (after the QP was moved to ERROR and its CQ drained:
