@@ -853,6 +853,9 @@ impl PoolCache {
     /// Errors (`EINVAL`): a buffer of another pool, or one returned twice; nothing changes.
     #[inline]
     pub fn put(&mut self, buf: Buf) -> Result<()> {
+        // `release_fast` and the cold `rejected` here, not `release`: through `release`'s
+        // `map_err` LLVM lays this out worse, +13 instructions per echoed message in
+        // `profile_pipeline` (2,037 -> 2,050, chains of 32; measured in session 32).
         match self.pool.release_fast(buf) {
             Ok(i) => {
                 self.push(i);
