@@ -80,7 +80,7 @@ pub fn wr_for(
 /// Re-aims `wr`, built by [`wr_for`] for another operation of the same test, QP and size, at
 /// operation `i` (`id` its wr_id): what differs between them is the wr_id, the remote slot
 /// of an RDMA WRITE or READ (read off the WR's opcode), and whether it is signaled.
-fn aim(wr: &mut SendWr, id: u64, i: u64, server: &Remote, signaled: bool) {
+pub fn aim(wr: &mut SendWr, id: u64, i: u64, server: &Remote, signaled: bool) {
     wr.wr_id = id;
     if matches!(wr.opcode, WrOpcode::RdmaWrite | WrOpcode::RdmaRead) {
         wr.remote_addr = server.addr(i);

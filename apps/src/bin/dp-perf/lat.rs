@@ -2,7 +2,7 @@
 //! read_lat and atomic_lat are one-sided and reported as the full round trip, as perftest does.
 
 use crate::args::{Args, Test};
-use crate::bw::wr_for;
+use crate::bw::{aim, wr_for};
 use crate::live::{Live, Res};
 use crate::setup::{End, Remote};
 use dataplane::pipeline::Clock;
@@ -49,18 +49,9 @@ fn wait_recv<P: Provider>(e: &mut End<P>, live: &mut Live) -> Res<Option<WorkCom
     }
 }
 
-/// Posts one WR (signaled as asked) and reaps send completions without waiting; a full send
-/// queue is drained first.
-fn post_one<P: Provider>(
-    e: &mut End<P>,
-    chain: &mut SendChain,
-    wr: SendWr,
-    sge: Sge,
-    signal: bool,
-    live: &mut Live,
-) -> Res<()> {
-    chain.clear();
-    chain.push(if signal { wr.signaled() } else { wr }, &[sge]);
+/// Posts `chain` (one WR, aimed by the caller) and reaps send completions without waiting;
+/// a full send queue is drained first.
+fn post_one<P: Provider>(e: &mut End<P>, chain: &SendChain, live: &mut Live) -> Res<()> {
     loop {
         match e.qps[0].post_send(chain) {
             Ok(()) => return Ok(()),
@@ -72,6 +63,23 @@ fn post_one<P: Provider>(
             Err(err) => return Err(format!("post_send: {err}")),
         }
     }
+}
+
+/// A chain of the one WR a latency test posts, built once: each iteration only re-aims it
+/// ([`aim`]: wr_id, remote slot, SIGNALED), as perftest reuses its WR. Rebuilding it per
+/// message (a `SendWr` from its default, pushed into the cleared chain) put ~36 instructions
+/// into `post_one` and more into its caller, on the critical path of every hop: `send_lat`
+/// read ~5% lower without it (docs/benchmarks.md, session 33).
+fn lat_chain(wr: SendWr, sge: Sge) -> SendChain {
+    let mut chain = SendChain::with_capacity(1, 1);
+    chain.push(wr, &[sge]);
+    chain
+}
+
+/// Aims the chain's WR (see [`lat_chain`]) at operation `i`.
+#[inline]
+fn aim_one(chain: &mut SendChain, i: u64, remote: &Remote, signaled: bool) {
+    aim(&mut chain.wrs_mut()[0], i, i, remote, signaled);
 }
 
 /// Polls the send CQ once; whether anything completed.
@@ -106,18 +114,18 @@ pub fn serve<P: Provider>(
     c: &Remote,
     live: &mut Live,
 ) -> Res<()> {
-    let mut chain = SendChain::with_capacity(1, 1);
     let mut rchain = RecvChain::with_capacity(1, 1);
     let cq_mod = args.cq_mod as u64;
     let dest = s.dests[0];
     match test {
         Test::send_lat => {
+            let mut chain = lat_chain(wr_for(test, 0, 0, size, inline, dest, c), s.sge(0, size));
             let mut i = 0u64;
             while let Some(w) = wait_recv(s, live)? {
                 // Answer first, then repost: the reply is the critical path, and rx_depth
                 // receives stay posted, so the next ping always finds one.
-                let wr = wr_for(test, i, i, size, inline, dest, c);
-                post_one(s, &mut chain, wr, s.sge(0, size), (i + 1) % cq_mod == 0, live)?;
+                aim_one(&mut chain, i, c, (i + 1) % cq_mod == 0);
+                post_one(s, &chain, live)?;
                 post_recv(s, &mut rchain, w.wr_id)?;
                 reap(s)?;
                 i += 1;
@@ -125,6 +133,7 @@ pub fn serve<P: Provider>(
             Ok(())
         }
         Test::write_lat => {
+            let mut chain = lat_chain(wr_for(test, 0, 0, size, inline, dest, c), s.sge(1, size));
             let mut i = 0u64;
             loop {
                 let want = seq_byte(i);
@@ -136,8 +145,8 @@ pub fn serve<P: Provider>(
                 live.progress();
                 // Reply from slot 1 into the client's slot 0 (we poll our slot 0).
                 s.region.fill(s.slot as usize + size as usize - 1, 1, want);
-                let wr = wr_for(test, 0, 0, size, inline, dest, c);
-                post_one(s, &mut chain, wr, s.sge(1, size), (i + 1) % cq_mod == 0, live)?;
+                aim_one(&mut chain, 0, c, (i + 1) % cq_mod == 0);
+                post_one(s, &chain, live)?;
                 reap(s)?;
                 i += 1;
             }
@@ -160,10 +169,18 @@ pub fn run_client<P: Provider>(
     let iters = if args.duration.is_some() { u64::MAX } else { args.iterations() };
     let deadline = args.duration.map(|d| Instant::now() + Duration::from_secs_f64(d));
     let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("constant histogram bounds");
-    let mut chain = SendChain::with_capacity(1, 1);
     let mut rchain = RecvChain::with_capacity(1, 1);
     let cq_mod = args.cq_mod as u64;
     let dest = c.dests[0];
+    // The WR each test posts (atomics and READs land 8 or `size` bytes; send and write_lat
+    // send from slot 0 and 1 as the server expects).
+    let (slot, len, inl) = match test {
+        Test::send_lat => (0, size, inline),
+        Test::write_lat => (1, size, inline),
+        Test::atomic_lat => (0, 8, 0),
+        _ => (0, size, 0),
+    };
+    let mut chain = lat_chain(wr_for(test, 0, 0, size, inl, dest, s), c.sge(slot, len));
     let start = Instant::now();
     let mut progress = crate::report::Progress::new(start);
     let mut wc = [WorkCompletion::default()];
@@ -176,8 +193,8 @@ pub fn run_client<P: Provider>(
         let t0 = clock.now_ns_unordered();
         let sample = match test {
             Test::send_lat => {
-                let wr = wr_for(test, i, i, size, inline, dest, s);
-                post_one(c, &mut chain, wr, c.sge(0, size), (i + 1) % cq_mod == 0, live)?;
+                aim_one(&mut chain, i, s, (i + 1) % cq_mod == 0);
+                post_one(c, &chain, live)?;
                 let Some(w) = wait_recv(c, live)? else {
                     return Err("send_lat: stopped while waiting for a reply".into());
                 };
@@ -191,8 +208,8 @@ pub fn run_client<P: Provider>(
                 let want = seq_byte(i);
                 // Send from slot 1 into the server's slot 0; the echo lands in our slot 0.
                 c.region.fill(c.slot as usize + size as usize - 1, 1, want);
-                let wr = wr_for(test, 0, 0, size, inline, dest, s);
-                post_one(c, &mut chain, wr, c.sge(1, size), (i + 1) % cq_mod == 0, live)?;
+                aim_one(&mut chain, 0, s, (i + 1) % cq_mod == 0);
+                post_one(c, &chain, live)?;
                 while last_byte(&c.region, size) != want {
                     live.idle()?;
                 }
@@ -202,9 +219,8 @@ pub fn run_client<P: Provider>(
                 ns
             }
             _ => {
-                let len = if test == Test::atomic_lat { 8 } else { size };
-                let wr = wr_for(test, i, i, size, 0, dest, s);
-                post_one(c, &mut chain, wr, c.sge(0, len), true, live)?;
+                aim_one(&mut chain, i, s, true);
+                post_one(c, &chain, live)?;
                 while c.scq.poll(&mut wc).map_err(|e| format!("poll: {e}"))? == 0 {
                     live.idle()?;
                 }
