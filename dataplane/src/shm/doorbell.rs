@@ -563,7 +563,7 @@ fn post_mq<const REF: bool>(
     // if nobody is (`drain::help`), then write.
     // The retry loop is out of line: around its call the words would live on the stack,
     // and every store a lone post makes waits behind the previous cell's (session 26).
-    if to.q.write(pos, cell_len as u32, tag, imm, &words).is_err()
+    if to.q.write(pos, &mut st.mq.acked, cell_len as u32, tag, imm, &words).is_err()
         && !mq_write_waiting(f, st, wr, wqe, to, pos, (cell_len as u32, tag, imm), words)
     {
         return true;
@@ -593,7 +593,7 @@ fn mq_write_waiting(
     words: [u64; PAYLOAD_WORDS],
 ) -> bool {
     let mut waited = 0;
-    while to.q.write(pos, len, tag, imm, &words).is_err() {
+    while to.q.write(pos, &mut st.mq.acked, len, tag, imm, &words).is_err() {
         if !mq_wait(f, &to.q, to.cqn, to.pid, &mut waited) {
             mq_abandon(st);
             st.posted = st.posted.wrapping_add(1);
@@ -641,7 +641,7 @@ fn mq_close_now(f: &Fabric, st: &mut SqState) {
     let mut waited = 0;
     while st.mq.claim_next != st.mq.claim_end {
         let pos = st.mq.claim_next;
-        while q.write(pos, 0, drain::tag(0, drain::F_NOP), 0, &[]).is_err() {
+        while q.write(pos, &mut st.mq.acked, 0, drain::tag(0, drain::F_NOP), 0, &[]).is_err() {
             if !mq_wait(f, &q, cqn, pid, &mut waited) {
                 mq_abandon(st);
                 return;
@@ -803,8 +803,16 @@ pub(crate) fn finish(f: &Fabric, st: &mut SqState, wr: &SendWr, wqe: u32, status
 /// The failure half of `finish`, out of line (rare, and it drags in the flush path).
 #[inline(never)]
 pub(crate) fn fail(f: &Fabric, st: &mut SqState, wr: &SendWr, wqe: u32, status: WcStatus) {
+    // ERROR first, then the completion (Release, in the CQ push): a poller that sees the
+    // error CQE reads the QP in ERROR, whichever thread ran the retry timer (the flake of
+    // case unreachable_peer_retry_exc, session 34). The receive queue's flush and the rest
+    // of the send queue's follow the completion, as before.
+    let moved = super::qp_error::mark_error(f, st.idx, st.qpn);
     st.complete(wr, wqe, status, 0);
-    st.enter_error(f);
+    if moved {
+        super::qp_error::after_error(f, st.idx, st.qpn);
+    }
+    st.flush_pending();
 }
 
 pub(crate) fn block_delay(f: &Fabric, st: &SqState, kind: BlockKind) -> Duration {

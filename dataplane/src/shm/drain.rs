@@ -779,7 +779,7 @@ pub(crate) mod tests {
         for off in [u64::MAX - 8, 0] {
             let pos = q.claim(1);
             let words = [super::meta(p.a.qp_num(), 0), 9, off, 40, 0, 0];
-            q.write(pos, 32, super::tag(idx, super::F_REF | super::F_SIGNALED), 0, &words).unwrap();
+            q.write(pos, &mut 0, 32, super::tag(idx, super::F_REF | super::F_SIGNALED), 0, &words).unwrap();
             assert!(poll_one(&mut p.rb, 10).is_none(), "offset {off:#x}: nothing delivered");
         }
         assert!(read_bytes(&p.mr, 1024, 64).iter().all(|&b| b == 0xEE), "the receive buffer is untouched");

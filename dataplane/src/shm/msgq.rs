@@ -7,23 +7,37 @@
 //! - A sender claims `n` consecutive positions of a post list with one `fetch_add` on `tail`
 //!   ([`MsgQueue::claim`]). A position is its own from then on, so per message it needs no
 //!   further locked instruction.
-//! - Cell `pos % cells` is free for position `pos` when its sequence word equals `pos`
-//!   ([`MsgQueue::write`] checks with one Acquire load and refuses otherwise, so the caller
+//! - Cell `pos % cells` is free for position `pos` once every position of the previous lap
+//!   was drained: `pos < head + cells`, `head` being what drainers published
+//!   ([`MsgQueue::write`] checks it against the sender's cached copy of `head`, re-read with
+//!   one Acquire load only when the copy says no, and refuses otherwise, so the caller
 //!   decides whether to wait or park: `post_send` must not block). The sender writes the
-//!   header and payload words (Relaxed) and publishes with a Release store of `pos + 1`.
+//!   header and payload words (Relaxed) and publishes with a Release store of `pos + 1` to
+//!   the cell's sequence word.
 //! - A drainer takes the queue's drain lock for a burst ([`MsgQueue::try_drain`]: one CAS;
 //!   any thread of any process mapping the queue may drain, so that a sender can deliver
 //!   for a receiver that does not poll, as a responder NIC would). It reads the cell at
 //!   `head` once its sequence is `head + 1` (Acquire, which orders the payload loads after
-//!   it) and frees it for the next lap by storing `head + cells` (Release: its reads of the
-//!   cell come first). When the burst ends ([`Drain`] dropped) it publishes `head` and
-//!   releases the lock: once per burst, not per message. Senders read `head` as their
-//!   acknowledgement ([`MsgQueue::acked`]).
+//!   it), and writes nothing to the cell. When the burst ends ([`Drain`] dropped) it
+//!   publishes `head` (Release: its reads of the cells come first) and releases the lock:
+//!   once per burst, not per message. That store both acknowledges the messages
+//!   ([`MsgQueue::acked`]) and frees their cells for the next lap.
 //!
-//! Why lap claims and not a cached copy of `head` (credits): with several senders a credit
-//! check and a claim would race, and session 17 measured lap claims as fast or faster with
-//! one sender too (the check reads a line the sender is about to write anyway): see
-//! docs/shm-provider.md, "Its ceiling, measured".
+//! Why cells are freed through `head` and not each by its own sequence word (Vyukov's
+//! `seq = pos + cells`, which this queue did until session 34): that store was the drainer's
+//! only write to a line the sender writes next, so every message cost the drainer a
+//! read-for-ownership of a remote line, and the locked instruction that follows in the drain
+//! (the receive queue's `head` CAS, `recvq::pop_held`) waited for it: half of that function's
+//! samples sat on the CAS (`perf`, `send_bw -l 32`). Without it a message's cell crosses
+//! cores once per lap instead of twice; `send_bw -l 32` 1.10x, `-l 1` 1.07x (bench-ab, 7
+//! rounds; docs/benchmarks.md, session 34). The price: cells free once per burst rather
+//! than once per message, which a queue as deep as its CQ does not feel.
+//!
+//! Why lap claims and not credits (a sender checking a cached `head` before it claims): with
+//! several senders a credit check and a claim would race, and session 17 measured lap
+//! claims as fast or faster with one sender too: see docs/shm-provider.md, "Its ceiling,
+//! measured". The cached `head` of `write` is checked after the claim, for a position that
+//! is already the sender's own, so it races with nobody.
 //!
 //! Trust boundary: a peer can write any word of the header or the cells. The local view keeps
 //! its own copy of the mask (never re-read from shared memory) and every index is masked, so
@@ -57,7 +71,8 @@ pub const PAYLOAD_MAX: usize = PAYLOAD_WORDS * 8;
 /// reuses one page).
 #[repr(C, align(128))]
 struct Cell {
-    /// `pos` while free for position `pos`, `pos + 1` once its message is written.
+    /// `pos + 1` once the message of position `pos` is written, kept until the next lap's
+    /// message replaces it (`i`, never a `pos + 1` of this cell, before the first lap).
     seq: AtomicU64,
     /// Length in the low 16 bits, the sender's tag in the next 16, immediate in the high 32.
     hdr: AtomicU64,
@@ -136,7 +151,7 @@ impl MsgQueue {
         std::mem::size_of::<Header>() + cells * std::mem::size_of::<Cell>()
     }
 
-    /// Initialises a queue of `cells` cells at `base`, every cell free for its first lap.
+    /// Initialises a queue of `cells` cells at `base`, empty (`head` and `tail` 0).
     ///
     /// # Safety
     /// `base` must point to [`MsgQueue::bytes`]`(cells)` writable bytes aligned to [`ALIGN`],
@@ -144,8 +159,9 @@ impl MsgQueue {
     /// view of the queue is used.
     ///
     /// # Panics
-    /// If `cells` is not a power of two of at least 2 (with one cell, "written for position
-    /// `p`" and "free for position `p + 1`" would be the same sequence word).
+    /// If `cells` is not a power of two of at least 2 (kept from the per-cell freeing, where
+    /// with one cell "written for position `p`" and "free for position `p + 1`" were the same
+    /// sequence word; a queue of one cell serves nobody anyway).
     pub unsafe fn init(base: *mut u8, cells: usize) -> MsgQueue {
         assert!(cells.is_power_of_two() && cells >= 2, "a message queue's size must be a power of two, at least 2");
         let hdr = base as *mut Header;
@@ -222,15 +238,24 @@ impl MsgQueue {
     /// [`PAYLOAD_MAX`], or above what `words` holds, is cut to it, so no byte of an earlier
     /// message is ever read as this one's) with `tag` and immediate `imm` at
     /// claimed position `pos`, and publishes it. Refuses, writing nothing, while the cell
-    /// still holds the previous lap's message.
+    /// still holds the previous lap's message (undrained, or drained in a burst that has not
+    /// ended).
+    ///
+    /// `acked` is the caller's copy of the queue's `head` (start it at 0, and never carry it
+    /// to another queue: a copy above the real `head` would let a write overwrite an unread
+    /// message): re-read only when it says the cell is not free, so that a sender whose
+    /// queue keeps up reads no line the drainer writes.
     #[inline]
-    pub fn write(&self, pos: u64, len: u32, tag: u16, imm: u32, words: &[u64]) -> Result<(), Busy> {
-        let c = self.cell(pos);
-        // Acquire: the receiver's reads of the previous lap's message happen before our
-        // stores below overwrite it.
-        if c.seq.load(Ordering::Acquire) != pos {
-            return Err(Busy::NotFree);
+    pub fn write(&self, pos: u64, acked: &mut u64, len: u32, tag: u16, imm: u32, words: &[u64]) -> Result<(), Busy> {
+        if pos >= acked.wrapping_add(self.capacity()) {
+            // Acquire: pairs with the drainer's Release publication of `head`, so its reads
+            // of the previous lap's messages happen before our stores below overwrite them.
+            *acked = self.acked();
+            if pos >= acked.wrapping_add(self.capacity()) {
+                return Err(Busy::NotFree);
+            }
         }
+        let c = self.cell(pos);
         let len = len.min(PAYLOAD_MAX.min(words.len() * 8) as u32);
         c.hdr.store(u64::from(len) | (u64::from(tag) << 16) | (u64::from(imm) << 32), Ordering::Relaxed);
         // Every word given is stored (a caller with a fixed-size array gets unrolled stores
@@ -293,9 +318,10 @@ impl Drain {
         self.head
     }
 
-    /// Takes the message at the head if it is written: reads it, frees its cell for the next
-    /// lap and advances. `None` if the head position is not written yet (none was claimed,
-    /// or its sender is still writing it).
+    /// Takes the message at the head if it is written: reads it and advances (the cell is
+    /// freed for the next lap when `head` is published, [`Drain::publish`] or the drop).
+    /// `None` if the head position is not written yet (none was claimed, or its sender is
+    /// still writing it).
     #[inline]
     pub fn poll(&mut self) -> Option<Delivered> {
         let pos = self.head;
@@ -311,8 +337,8 @@ impl Drain {
         for (w, d) in words.iter_mut().zip(&c.data[..(len as usize).div_ceil(8)]) {
             *w = d.load(Ordering::Relaxed);
         }
-        // Release: our loads above happen before the next lap's sender sees the cell free.
-        c.seq.store(pos + self.q.capacity(), Ordering::Release);
+        // The cell is not written: it is freed with `head` (`publish`), whose Release orders
+        // these loads before the next lap's sender can see it free.
         self.head = pos + 1;
         Some(Delivered { pos, len, tag: (hdr >> 16) as u16, imm: (hdr >> 32) as u32, words })
     }
@@ -323,7 +349,8 @@ impl Drain {
     pub fn publish(&mut self) {
         if self.head != self.start {
             self.start = self.head;
-            // Release: every delivered message's reads happen before a sender sees it acked.
+            // Release: every delivered message's reads happen before a sender sees it acked,
+            // and so before the next lap's sender overwrites its cell (`write`).
             self.q.header().head.store(self.head, Ordering::Release);
         }
     }
@@ -396,9 +423,13 @@ mod tests {
         }
         let p = m.q.claim(3);
         assert_eq!(p, 0);
-        m.q.write(0, msg.len() as u32, 0xABCD, 7, &words).unwrap();
-        m.q.write(1, 8, 0, 8, &[11]).unwrap();
-        assert_eq!(m.q.write(2, 8, 0, 9, &[12]), Err(Busy::NotFree), "position 2 needs cell 0's first lap consumed");
+        m.q.write(0, &mut 0, msg.len() as u32, 0xABCD, 7, &words).unwrap();
+        m.q.write(1, &mut 0, 8, 0, 8, &[11]).unwrap();
+        assert_eq!(
+            m.q.write(2, &mut 0, 8, 0, 9, &[12]),
+            Err(Busy::NotFree),
+            "position 2 needs cell 0's first lap consumed"
+        );
         let mut rx = m.q.try_drain().unwrap();
         let d = rx.poll().unwrap();
         assert_eq!((d.pos, d.len, d.tag, d.imm), (0, msg.len() as u32, 0xABCD, 7), "the tag travels beside the length");
@@ -406,10 +437,15 @@ mod tests {
         assert_eq!(d.copy_to(&mut buf), msg.len());
         assert_eq!(&buf[..msg.len()], msg);
         assert_eq!(m.q.acked(), 0, "nothing is acknowledged before the burst ends");
+        assert_eq!(
+            m.q.write(2, &mut 0, 8, 0, 9, &[12]),
+            Err(Busy::NotFree),
+            "read, but its cell is freed only when the burst publishes head"
+        );
         assert!(m.q.try_drain().is_none(), "one drainer at a time");
         drop(rx);
         assert_eq!(m.q.acked(), 1);
-        m.q.write(2, 8, 0, 9, &[12]).unwrap();
+        m.q.write(2, &mut 0, 8, 0, 9, &[12]).unwrap();
         let mut rx = m.q.try_drain().unwrap();
         assert_eq!(rx.poll().map(|d| (d.pos, d.words[0], d.imm)), Some((1, 11, 8)));
         assert_eq!(rx.poll().map(|d| (d.pos, d.words[0], d.imm)), Some((2, 12, 9)));
@@ -423,9 +459,9 @@ mod tests {
         let m = Mem::arc(2);
         assert!(!m.q.ready());
         let p = m.q.claim(2);
-        m.q.write(p + 1, 8, 0, 0, &[2]).unwrap();
+        m.q.write(p + 1, &mut 0, 8, 0, 0, &[2]).unwrap();
         assert!(!m.q.ready(), "the head position is claimed, not written");
-        m.q.write(p, 8, 0, 0, &[1]).unwrap();
+        m.q.write(p, &mut 0, 8, 0, 0, &[1]).unwrap();
         assert!(m.q.ready());
         let mut rx = m.q.try_drain().unwrap();
         rx.poll().unwrap();
@@ -438,13 +474,13 @@ mod tests {
     fn a_claimed_but_unwritten_position_holds_back_the_ones_after_it() {
         let m = Mem::arc(4);
         let p = m.q.claim(2);
-        m.q.write(p + 1, 8, 0, 0, &[2]).unwrap();
+        m.q.write(p + 1, &mut 0, 8, 0, 0, &[2]).unwrap();
         assert_eq!(
             m.q.try_drain().unwrap().poll(),
             None,
             "position 0 is claimed, not written: delivery stays in order"
         );
-        m.q.write(p, 8, 0, 0, &[1]).unwrap();
+        m.q.write(p, &mut 0, 8, 0, 0, &[1]).unwrap();
         let mut rx = m.q.try_drain().unwrap();
         assert_eq!(rx.poll().map(|d| d.words[0]), Some(1));
         assert_eq!(rx.poll().map(|d| d.words[0]), Some(2));
@@ -462,7 +498,7 @@ mod tests {
     fn hostile_lengths_are_cut_to_a_cell() {
         let m = Mem::arc(2);
         m.q.claim(1);
-        m.q.write(0, u32::MAX, 0, 0, &[1; PAYLOAD_WORDS]).unwrap();
+        m.q.write(0, &mut 0, u32::MAX, 0, 0, &[1; PAYLOAD_WORDS]).unwrap();
         let d = m.q.try_drain().unwrap().poll().unwrap();
         assert_eq!(d.len as usize, PAYLOAD_MAX);
         let mut small = [0u8; 5];
@@ -470,7 +506,7 @@ mod tests {
         // A length beyond the words given is cut to them: the cell's older words (the
         // previous lap's message) are never read as this one's.
         m.q.claim(1);
-        m.q.write(1, 40, 0, 0, &[7, 8]).unwrap();
+        m.q.write(1, &mut 0, 40, 0, 0, &[7, 8]).unwrap();
         let d = m.q.try_drain().unwrap().poll().unwrap();
         assert_eq!((d.len, d.words[0], d.words[1]), (16, 7, 8));
     }
@@ -481,7 +517,7 @@ mod tests {
         let mut rx = m.q.try_drain().unwrap();
         for v in 0..2u64 {
             let p = m.q.claim(1);
-            m.q.write(p, 8, 0, 0, &[v]).unwrap();
+            m.q.write(p, &mut 0, 8, 0, 0, &[v]).unwrap();
             assert_eq!(rx.poll().map(|d| d.words[0]), Some(v));
             rx.publish();
             assert_eq!(m.q.acked(), v + 1, "acknowledged while the lock is held");
@@ -497,7 +533,7 @@ mod tests {
         let m = Mem::arc(4);
         for v in 0..3u64 {
             let p = m.q.claim(1);
-            m.q.write(p, 8, 0, 0, &[v]).unwrap();
+            m.q.write(p, &mut 0, 8, 0, 0, &[v]).unwrap();
         }
         let mut rx = m.q.try_drain().unwrap();
         rx.poll().unwrap();
@@ -522,14 +558,14 @@ mod tests {
             .map(|s| {
                 let m = m.clone();
                 std::thread::spawn(move || {
-                    let mut i = 0;
+                    let (mut i, mut acked) = (0, 0);
                     while i < PER {
                         let k = (1 + i % 5).min(PER - i);
                         let p = m.q.claim(k);
                         for j in 0..k {
                             let v = i + j;
                             let words = [s, v, !v, v.rotate_left(17), 0, 0];
-                            while m.q.write(p + j, 32, 0, s as u32, &words).is_err() {
+                            while m.q.write(p + j, &mut acked, 32, 0, s as u32, &words).is_err() {
                                 std::thread::yield_now();
                             }
                         }
@@ -589,7 +625,7 @@ mod loom_tests {
 
     /// One attempt to write `v` at `pos`; the value back if the cell was not free.
     fn try_send(q: &MsgQueue, pos: u64, v: u64) -> Option<(u64, u64)> {
-        q.write(pos, 16, 0, v as u32, &[v, !v]).err().map(|_| (pos, v))
+        q.write(pos, &mut 0, 16, 0, v as u32, &[v, !v]).err().map(|_| (pos, v))
     }
 
     /// Checks one delivered message and records its value.

@@ -13,20 +13,37 @@ use std::sync::atomic::Ordering;
 /// do this: the sender that found the error, or the owner). QPs on an SRQ get
 /// `IBV_EVENT_QP_LAST_WQE_REACHED` instead.
 pub(crate) fn to_error(f: &Fabric, idx: usize, qpn: u32) {
+    if mark_error(f, idx, qpn) {
+        after_error(f, idx, qpn);
+    }
+}
+
+/// The state change of [`to_error`] alone: true if this call moved QP `idx` (still `qpn`)
+/// to ERROR, in which case the caller must run [`after_error`]. Split so that a send queue
+/// failing a WQE can change the state before it writes the error completion: whoever polls
+/// that completion then reads ERROR (`ibv_query_qp` after an error CQE), even when another
+/// thread's poll ran the retry timer that failed it.
+pub(crate) fn mark_error(f: &Fabric, idx: usize, qpn: u32) -> bool {
     let s = f.qp_slot(idx);
     if s.qpn.load(Ordering::Acquire) != qpn {
-        return;
+        return false;
     }
     let mut cur = s.state.load(Ordering::Acquire);
     loop {
         if cur == QpState::Error as u32 || cur == QpState::Reset as u32 {
-            return;
+            return false;
         }
         match s.state.compare_exchange(cur, QpState::Error as u32, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => break,
+            Ok(_) => return true,
             Err(c) => cur = c,
         }
     }
+}
+
+/// What follows a QP's move to ERROR ([`mark_error`]): its receive queue flushed, or on an
+/// SRQ the last-WQE event.
+pub(crate) fn after_error(f: &Fabric, idx: usize, qpn: u32) {
+    let s = f.qp_slot(idx);
     let ctx = s.ctx.load(Ordering::Relaxed) as usize;
     // XRC QPs have no receive queue to flush (their SRQs belong to the domain, not to them).
     if QpType::from_u8(s.qp_type.load(Ordering::Relaxed) as u8).is_some_and(QpType::is_xrc) {

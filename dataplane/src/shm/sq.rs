@@ -8,7 +8,6 @@ use super::dest::{DestView, McastDests};
 use super::fabric::Fabric;
 use super::layout::*;
 use super::place::{gather_prefix, Seg};
-use super::qp_error::to_error;
 use super::recvq::RecvEntry;
 use super::retry::{self, Waiter};
 use super::CtxInner;
@@ -49,6 +48,10 @@ pub(crate) struct MqSend {
     /// claim_end)` (`doorbell::post_mq`, `doorbell::mq_close`).
     pub(crate) claim_next: u64,
     pub(crate) claim_end: u64,
+    /// Our copy of the queue's published `head` (`MsgQueue::write`'s `acked`): re-read only
+    /// when a claimed cell looks busy. Reset with the rest by `mq_switch` (a copy from
+    /// another queue could be above this one's `head`).
+    pub(crate) acked: u64,
 }
 
 impl MqSend {
@@ -336,11 +339,5 @@ impl SqState {
         }
         self.blocked = None;
         self.set_pending_registered(false);
-    }
-
-    /// Moves this QP to ERROR (from any state but RESET) and flushes what it owns.
-    pub(crate) fn enter_error(&mut self, f: &Fabric) {
-        to_error(f, self.idx, self.qpn);
-        self.flush_pending();
     }
 }

@@ -72,12 +72,14 @@ impl Drop for Fifo {
 /// The sending side.
 pub struct Sender<'a> {
     q: &'a MsgQueue,
+    /// Our copy of the queue's `head` (`MsgQueue::write`).
+    acked: u64,
 }
 
 impl<'a> Sender<'a> {
     /// A sender on `fifo`.
     pub fn new(fifo: &'a Fifo) -> Sender<'a> {
-        Sender { q: &fifo.q }
+        Sender { q: &fifo.q, acked: 0 }
     }
 
     /// Posts `count` messages of `payload` (at most [`PAYLOAD_MAX`] bytes) as one post list,
@@ -97,7 +99,7 @@ impl<'a> Sender<'a> {
         let pos = self.q.claim(count);
         for k in 0..count {
             words[0] = first + k;
-            while self.q.write(pos + k, payload.len() as u32, 0, imm, &words).is_err() {
+            while self.q.write(pos + k, &mut self.acked, payload.len() as u32, 0, imm, &words).is_err() {
                 std::hint::spin_loop();
             }
         }
