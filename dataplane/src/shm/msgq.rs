@@ -29,8 +29,8 @@
 //! read-for-ownership of a remote line, and the locked instruction that follows in the drain
 //! (the receive queue's `head` CAS, `recvq::pop_held`) waited for it: half of that function's
 //! samples sat on the CAS (`perf`, `send_bw -l 32`). Without it a message's cell crosses
-//! cores once per lap instead of twice; `send_bw -l 32` 1.10x, `-l 1` 1.07x (bench-ab, 7
-//! rounds; docs/benchmarks.md, session 34). The price: cells free once per burst rather
+//! cores once per lap instead of twice; `send_bw -l 32` 1.065x, `-l 1` 1.10x, `-b` 1.12x
+//! (bench-ab, 9 rounds; docs/benchmarks.md, session 34). The price: cells free once per burst rather
 //! than once per message, which a queue as deep as its CQ does not feel.
 //!
 //! Why lap claims and not credits (a sender checking a cached `head` before it claims): with
