@@ -3,7 +3,9 @@
 //! creates, polls (draining its message queue too, `drain.rs`), arms and destroys. It sits
 //! on top of the stack beside the QP object.
 
-use super::complete::{cq_msgq, CqShared, ARM_NEXT, ARM_SOLICITED, HELP_EVERY, HELP_SLOTS};
+use super::complete::{
+    cq_msgq, cq_ring, has_channel, push_cqe_to, CqShared, Cqe, ARM_NEXT, ARM_SOLICITED, HELP_EVERY, HELP_SLOTS,
+};
 use super::drain::{self, DrainCache, Got};
 use super::fabric::Fabric;
 use super::layout::*;
@@ -19,7 +21,7 @@ use std::sync::Arc;
 pub struct ShmCq {
     pub(crate) shared: Arc<CqShared>,
     /// The drainer's cache for this CQ's message queue.
-    drain: DrainCache,
+    pub(crate) drain: DrainCache,
     /// Empty polls since the last helping drain ([`HELP_EVERY`]).
     empty_polls: u32,
     /// Each helped queue's `head` as the last check saw it ([`ShmCq::help_drain`]).
@@ -215,12 +217,41 @@ impl ShmCq {
         let f = sh.fabric();
         while *n < wc.len() {
             let Some(m) = dr.poll() else { return false };
-            match drain::take(f, sh.cqn, &mut self.drain, &m, &mut wc[*n]) {
+            // Each message of a run takes one completion (`Got::Wc`), so `room` keeps the run
+            // within `wc`.
+            match drain::take(f, sh.cqn, &mut self.drain, dr, wc.len() - *n, &m, &mut wc[*n]) {
                 Got::Wc => *n += 1,
-                Got::Ring => return true,
+                Got::Ring => {
+                    if self.drain.holds_run() {
+                        self.finish_run_in_ring(dr);
+                    }
+                    return true;
+                }
             }
         }
         false
+    }
+
+    /// A message of a held run went to the ring (the general delivery): the rest of the run
+    /// goes there too, after it, so this QP's receive completions stay in order (the poll
+    /// returns the ring's before any later message's).
+    #[cold]
+    #[inline(never)]
+    fn finish_run_in_ring(&mut self, dr: &mut msgq::Drain) {
+        let sh = &*self.shared;
+        let f = sh.fabric();
+        // The CQ being polled has its ring; were it missing, the run would still be consumed.
+        let ring = cq_ring(f, sh.cqn);
+        let channel = has_channel(f, sh.cqn);
+        let mut head = 0;
+        while self.drain.holds_run() {
+            // The run's messages were written before it was claimed (`Drain::peek_run`).
+            let Some(m) = dr.poll() else { return };
+            let mut wc = WorkCompletion::default();
+            if let (Got::Wc, Some(ring)) = (drain::take(f, sh.cqn, &mut self.drain, dr, 1, &m, &mut wc), &ring) {
+                push_cqe_to(f, ring, &mut head, sh.cqn, channel, &Cqe { wc, retire: None, solicited: false });
+            }
+        }
     }
 
     /// A poll that found nothing: now and then it helps drain the queues this CQ's QPs

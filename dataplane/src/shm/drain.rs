@@ -12,16 +12,16 @@
 //! A CQ with a completion channel gets no queue (the channel's wake-ups would have to drain
 //! too; not built).
 
-use super::complete::{cq_ring, has_channel, push_cqe_to, Cqe};
+use super::complete::{cq_ring, has_channel, push_cqe, push_cqe_to, Cqe};
 use super::dest::{dest, DestView};
-use super::exec::{deliver_taken, responder_failed, Sender};
+use super::exec::{place_taken, responder_failed, Sender};
 use super::fabric::Fabric;
 use super::layout::*;
-use super::msgq::{Delivered, MsgQueue, PAYLOAD_WORDS};
+use super::msgq::{Delivered, Drain, MsgQueue, PAYLOAD_WORDS};
 use super::place::{copy_translated, recv_dst, write_translated_words, Seg};
-use super::qp_error::to_error;
+use super::qp_error::{after_error, mark_error, to_error};
 use super::recvq::{self, RecvEntry};
-use super::wire::CqRing;
+use super::wire::{CqRing, RecvRing};
 use crate::verbs::*;
 use std::sync::atomic::Ordering;
 use std::sync::OnceLock;
@@ -115,13 +115,23 @@ struct TxView {
     head: u64,
 }
 
-/// What a drainer keeps between messages: the last receiving QP and sender it resolved, and
-/// the receive request being taken. Each use re-checks the slot's key (one load).
+/// What a drainer keeps between messages: the last receiving QP and sender it resolved, the
+/// receive request being taken, and the run of requests it holds. Each use re-checks the
+/// slot's key (one load).
 #[derive(Default)]
 pub(crate) struct DrainCache {
     rx: Option<DestView>,
     tx: Option<TxView>,
     entry: RecvEntry,
+    /// The next request of the held run (a position in `rx`'s receive queue).
+    held: u64,
+    /// Requests of the run still held: the next `held_left` messages of the queue are the
+    /// run's (`take`), and no drainer stops before they are delivered.
+    held_left: u64,
+    /// A message of the run failed in its receive request and moved the run's QP (slot,
+    /// number) to ERROR: the rest of the run is flushed, then the QP's receive queue
+    /// (`general`, `flush_held`).
+    flush_after_run: Option<(usize, u32)>,
 }
 
 /// Where a message's receive completion went.
@@ -134,6 +144,13 @@ pub(crate) enum Got {
 }
 
 impl DrainCache {
+    /// Whether this drainer holds receive requests for the next messages of its queue: it
+    /// must deliver them (`take`) before it lets the queue go.
+    #[inline(always)]
+    pub(crate) fn holds_run(&self) -> bool {
+        self.held_left != 0
+    }
+
     fn tx(&mut self, f: &Fabric, qpn: u32) -> Option<&mut TxView> {
         let idx = key_index(qpn, QP_IDX_BITS);
         let hit = self.tx.as_ref().is_some_and(|t| t.qpn == qpn && f.qp_slot(t.idx).qpn.load(Ordering::Acquire) == qpn);
@@ -238,19 +255,38 @@ impl<'a> Msg<'a> {
     }
 }
 
-/// Delivers queued message `m` of CQ `cqn`'s queue: takes the receiving QP's request,
-/// places the bytes, writes the receive completion into `out` (or, when anything is not
-/// the common case, lets the general delivery write it into the ring) and the sender's
-/// completion into its send CQ.
+/// Delivers queued message `m` of CQ `cqn`'s queue (`dr`'s, just polled): takes the
+/// receiving QP's request, places the bytes, writes the receive completion into `out` (or,
+/// when anything is not the common case, lets the general delivery write it into the ring)
+/// and the sender's completion into its send CQ.
+///
+/// `room`: how many of the queue's next messages, this one included, the caller will
+/// certainly hand to `take` before it lets the queue go (the completions it has room for;
+/// with fewer than 2 no run is claimed). When the messages after `m` go to the same QP from
+/// the same sender, `m`'s request and theirs are claimed with one CAS (a run, [`recvq::pop_run`]);
+/// while [`DrainCache::holds_run`], the caller must go on calling `take` for the next
+/// messages (and, after a [`Got::Ring`], push the completions of the rest of the run to the
+/// ring, in order, as [`help`] does).
 #[inline(always)]
-pub(crate) fn take(f: &Fabric, cqn: u32, c: &mut DrainCache, m: &Delivered, out: &mut WorkCompletion) -> Got {
+pub(crate) fn take(
+    f: &Fabric,
+    cqn: u32,
+    c: &mut DrainCache,
+    dr: &Drain,
+    room: usize,
+    m: &Delivered,
+    out: &mut WorkCompletion,
+) -> Got {
+    if c.held_left != 0 {
+        return take_held(f, c, m, out);
+    }
     // A payload in the cell is the loop's common case; the others (a NOP, a payload by
     // reference) go out of line, where their extra words cost the small messages nothing
     // (inlined together, the drain counted +19 instructions per 8-byte message).
     if (m.tag >> TAG_IDX_BITS) & (F_NOP | F_REF) != 0 {
         return take_other(f, cqn, c, m, out);
     }
-    take_as::<false>(f, cqn, c, m, out)
+    take_as::<false>(f, cqn, c, Some(dr), room, m, out)
 }
 
 /// [`take`] for a NOP or a payload by reference.
@@ -259,14 +295,129 @@ fn take_other(f: &Fabric, cqn: u32, c: &mut DrainCache, m: &Delivered, out: &mut
     if (m.tag >> TAG_IDX_BITS) & F_NOP != 0 {
         return Got::Ring;
     }
-    take_as::<true>(f, cqn, c, m, out)
+    take_as::<true>(f, cqn, c, None, 1, m, out)
 }
 
-/// The delivery of [`take`]; `REF`: the payload may be by reference ([`F_REF`]).
+/// How many receive requests to claim for message `m` (its run, [`take`]): 1 and the
+/// messages after it, at most `room - 1`, that [`take_held`] can deliver with what was
+/// checked for `m`: to the same QP slot, from the same sender, with their payload in the
+/// cell (no NOP, no reference, which take other paths).
 #[inline(always)]
-fn take_as<const REF: bool>(f: &Fabric, cqn: u32, c: &mut DrainCache, m: &Delivered, out: &mut WorkCompletion) -> Got {
+fn run_len(dr: &Drain, room: usize, m: &Msg) -> u64 {
+    if room < 2 {
+        return 1;
+    }
+    let (idx, src) = (m.idx as u16, m.src_qpn);
+    1 + dr.peek_run(room as u64 - 1, |tag, w0| {
+        tag & ((1 << TAG_IDX_BITS) - 1) == idx && (tag >> TAG_IDX_BITS) & (F_NOP | F_REF) == 0 && w0 as u32 == src
+    })
+}
+
+/// A message of the run this drainer holds ([`take`]): its checks were the first message's
+/// (the receiving QP, its state and CQ, its sender), made before the run's claim; it is
+/// delivered into the next held request, as one that was already on its way when the QP
+/// changed would be.
+#[inline(always)]
+fn take_held(f: &Fabric, c: &mut DrainCache, m: &Delivered, out: &mut WorkCompletion) -> Got {
+    let m = Msg::decode_as::<false>(m);
+    let pos = c.held;
+    c.held = pos.wrapping_add(1);
+    c.held_left -= 1;
+    // `run_len` and the claim left `rx` as the run's QP, with a receive queue.
+    let Some((d, rq)) = c.rx.as_ref().and_then(|d| Some((d, d.rq.as_ref()?))) else { return Got::Ring };
+    rq.read_held(pos, &mut c.entry);
+    if c.flush_after_run.is_some() {
+        rq.release(pos);
+        return flush_held(f, c, &m);
+    }
+    if !place(f, d.pd, rq, pos, &c.entry, &m, None) {
+        return general(f, c, &m);
+    }
+    let rx_qpn = d.qpn;
+    complete(f, c, rx_qpn, &m, out)
+}
+
+/// A message of a run after one whose receive request failed (`general`): its QP is in
+/// ERROR, so its request (`c.entry`, released) completes with a flush error and the sender's
+/// WQE fails as one sent to a responder in error ([`take_cold`]'s). After the run's last, the
+/// rest of the QP's receive queue is flushed: the receive completions stay in request order,
+/// which flushing the queue at the failure (it starts after the run) would have broken.
+#[cold]
+#[inline(never)]
+fn flush_held(f: &Fabric, c: &mut DrainCache, m: &Msg) -> Got {
+    if let Some(d) = &c.rx {
+        if let Some(cq) = cq_ring(f, d.cqn) {
+            let wc = WorkCompletion {
+                wr_id: c.entry.wr_id,
+                status: WcStatus::WrFlushErr,
+                opcode: WcOpcode::Recv,
+                qp_num: d.qpn,
+                ..Default::default()
+            };
+            push_cqe(f, &cq, &mut 0, d.cqn, &Cqe { wc, retire: None, solicited: false });
+        }
+    }
+    fail_sender(f, c, m, None);
+    if c.held_left == 0 {
+        if let Some((idx, qpn)) = c.flush_after_run.take() {
+            after_error(f, idx, qpn);
+        }
+    }
+    Got::Ring
+}
+
+/// Places `m`'s payload (`src`, or the cell's words) into the request `entry` taken at `pos`
+/// of `rq` and releases it; false (released too) when the request is not the common case:
+/// not one SGE that holds the message in PD `pd` (the general delivery decides).
+#[inline(always)]
+fn place(f: &Fabric, pd: u32, rq: &RecvRing, pos: u64, entry: &RecvEntry, m: &Msg, src: Option<*mut u8>) -> bool {
+    let dst = if entry.n == 1 { recv_dst(f, pd, &entry.sges[0], m.len) } else { None };
+    let Some(dst) = dst else {
+        rq.release(pos);
+        return false;
+    };
+    match src {
+        // The sender checked `src` against its MR for `len` bytes (and `by_ref` against the
+        // arena), `recv_dst` checked `dst` against the receive MR.
+        Some(src) => copy_translated(src, dst, m.len),
+        None => write_translated_words(dst, &m.words[META_WORDS..], m.len),
+    }
+    rq.release(pos);
+    true
+}
+
+/// The completions of a placed message: the receive one into `out`, the sender's (if it
+/// asked) into its send CQ.
+#[inline(always)]
+fn complete(f: &Fabric, c: &mut DrainCache, rx_qpn: u32, m: &Msg, out: &mut WorkCompletion) -> Got {
+    let imm = m.flags & F_IMM != 0;
+    let (src_qpn, len, wr_id) = (m.src_qpn, m.len, c.entry.wr_id);
+    let Some(t) = c.tx(f, src_qpn) else {
+        // The sender is gone: its message still arrives, as one already on the wire would.
+        *out = recv_wc(wr_id, len, imm, m.imm, rx_qpn, src_qpn, 0);
+        return Got::Wc;
+    };
+    *out = recv_wc(wr_id, len, imm, m.imm, rx_qpn, src_qpn, t.lid);
+    if m.flags & F_SIGNALED != 0 {
+        complete_send(f, t, m.wr_id, m.wqe, WcStatus::Success);
+    }
+    Got::Wc
+}
+
+/// The delivery of [`take`]; `REF`: the payload may be by reference ([`F_REF`]); `dr`: the
+/// queue to size a run from (`None`: no run).
+#[inline(always)]
+fn take_as<const REF: bool>(
+    f: &Fabric,
+    cqn: u32,
+    c: &mut DrainCache,
+    dr: Option<&Drain>,
+    room: usize,
+    m: &Delivered,
+    out: &mut WorkCompletion,
+) -> Got {
     let m = Msg::decode_as::<REF>(m);
-    let (src_qpn, idx, flags, len) = (m.src_qpn, m.idx, m.flags, m.len);
+    let (src_qpn, idx) = (m.src_qpn, m.idx);
     let src = if REF {
         match m.by_ref(f) {
             Some(src) => src,
@@ -292,31 +443,25 @@ fn take_as<const REF: bool>(f: &Fabric, cqn: u32, c: &mut DrainCache, m: &Delive
     else {
         return take_cold(f, cqn, c, &m);
     };
-    let Some(pos) = recvq::pop_held(rq, &mut c.entry) else { return take_cold(f, cqn, c, &m) };
-    let dst = if c.entry.n == 1 { recv_dst(f, d.pd, &c.entry.sges[0], len) } else { None };
-    let Some(dst) = dst else {
-        rq.release(pos);
+    let pos = match dr {
+        Some(dr) if !REF => {
+            let Some((pos, k)) = recvq::pop_run(rq, run_len(dr, room, &m), &mut c.entry) else {
+                return take_cold(f, cqn, c, &m);
+            };
+            c.held = pos.wrapping_add(1);
+            c.held_left = k - 1;
+            pos
+        }
+        _ => match recvq::pop_held(rq, &mut c.entry) {
+            Some(pos) => pos,
+            None => return take_cold(f, cqn, c, &m),
+        },
+    };
+    if !place(f, d.pd, rq, pos, &c.entry, &m, src) {
         return general(f, c, &m);
-    };
-    match src {
-        // The sender checked `src` against its MR for `len` bytes (and `by_ref` against the
-        // arena), `recv_dst` checked `dst` against the receive MR.
-        Some(src) => copy_translated(src, dst, len),
-        None => write_translated_words(dst, &m.words[META_WORDS..], len),
     }
-    rq.release(pos);
-    let imm = flags & F_IMM != 0;
-    let (rx_qpn, wr_id) = (d.qpn, c.entry.wr_id);
-    let Some(t) = c.tx(f, src_qpn) else {
-        // The sender is gone: its message still arrives, as one already on the wire would.
-        *out = recv_wc(wr_id, len, imm, m.imm, rx_qpn, src_qpn, 0);
-        return Got::Wc;
-    };
-    *out = recv_wc(wr_id, len, imm, m.imm, rx_qpn, src_qpn, t.lid);
-    if flags & F_SIGNALED != 0 {
-        complete_send(f, t, m.wr_id, m.wqe, WcStatus::Success);
-    }
-    Got::Wc
+    let rx_qpn = d.qpn;
+    complete(f, c, rx_qpn, &m, out)
 }
 
 #[inline(always)]
@@ -410,7 +555,18 @@ fn general(f: &Fabric, c: &mut DrainCache, m: &Msg) -> Got {
         None => return bad_ref(f, c, m),
     };
     let sender = Sender { qp_type: QpType::Rc, qpn: src_qpn, lid };
-    let status = deliver_taken(f, sender, &c.entry, &d, &wr, &src, len as u64, &None, true, None);
+    let status = match place_taken(f, sender, &c.entry, &d, &wr, &src, len as u64, &None, true, None) {
+        Ok(()) => WcStatus::Success,
+        // More of the QP's requests are held (a run): they are flushed first, then its
+        // queue (`flush_held`).
+        Err(remote) if c.held_left != 0 => {
+            if mark_error(f, d.idx, d.qpn) {
+                c.flush_after_run = Some((d.idx, d.qpn));
+            }
+            remote
+        }
+        Err(remote) => responder_failed(f, &d, true, remote),
+    };
     if status == WcStatus::Success {
         if flags & F_SIGNALED != 0 {
             if let Some(t) = c.tx(f, src_qpn) {
@@ -466,7 +622,8 @@ pub(crate) fn help(f: &Fabric, q: &MsgQueue, cqn: u32) -> bool {
     while let Some(m) = dr.poll() {
         any = true;
         let mut wc = WorkCompletion::default();
-        if let Got::Wc = take(f, cqn, &mut c, &m, &mut wc) {
+        // Every message goes through `take` and into the ring, in order: any run will do.
+        if let Got::Wc = take(f, cqn, &mut c, &dr, usize::MAX, &m, &mut wc) {
             push_cqe_to(f, &ring, &mut head, cqn, channel, &Cqe { wc, retire: None, solicited: false });
         }
     }
@@ -513,6 +670,12 @@ pub(crate) mod tests {
 
     /// [`pair`] with its CQs and QPs in `mode`.
     fn pair_in(name: &str, mode: super::Mode) -> Pair {
+        pair_with(name, mode, false)
+    }
+
+    /// [`pair_in`]; `shared`: A sends into B's receive CQ `rb` (`sa` unused), so one CQ
+    /// gets both completions of each message.
+    fn pair_with(name: &str, mode: super::Mode, shared: bool) -> Pair {
         FORCE.with(|f| f.set(Some(mode)));
         let ctx = unit_context(name);
         let pd = ctx.alloc_pd().unwrap();
@@ -533,7 +696,7 @@ pub(crate) mod tests {
             sq_sig_all: false,
         };
         let (mut a, mut b): (ShmQp, ShmQp) =
-            (pd.create_qp(&attr(&sa, &ra)).unwrap(), pd.create_qp(&attr(&sb, &rb)).unwrap());
+            (pd.create_qp(&attr(if shared { &rb } else { &sa }, &ra)).unwrap(), pd.create_qp(&attr(&sb, &rb)).unwrap());
         let (na, nb) = (a.qp_num(), b.qp_num());
         for (q, dest) in [(&mut a, nb), (&mut b, na)] {
             q.modify(&QpAttr { state: QpState::Init, ..Default::default() }).unwrap();
@@ -792,6 +955,147 @@ pub(crate) mod tests {
     #[test]
     fn a_queued_send_into_a_short_buffer_fails_both_sides() {
         send_into_short_buffer(&mut pair("mq-short"), 4, 8);
+    }
+
+    /// Polls `cq` with room for 16 until `n` completions came: (`wr_id`, status) in order.
+    fn poll_n(cq: &mut ShmCq, n: usize) -> Vec<(u64, WcStatus)> {
+        let mut wc = [WorkCompletion::default(); 16];
+        let mut got = Vec::new();
+        for _ in 0..100_000 {
+            let k = cq.poll(&mut wc).unwrap();
+            got.extend(wc[..k].iter().map(|w| (w.wr_id, w.status)));
+            if got.len() >= n {
+                break;
+            }
+        }
+        got
+    }
+
+    /// Posts receives `0..8` (64 bytes each, `short`: that one 4 bytes) and a post list of
+    /// six signaled 8-byte SENDs (`wr_id` 100 + i, bytes `i` repeated), all queued: one poll
+    /// finds them together, a run to one QP.
+    fn run_of_six(p: &mut Pair, short: Option<u64>) {
+        for i in 0..8u64 {
+            let room = if Some(i) == short { 4 } else { 64 };
+            p.b.post_recv(&RecvChain::one(i, &[Sge::new(p.mr.addr() + 1024 + i * 64, room, p.mr.lkey())])).unwrap();
+        }
+        let mut chain = SendChain::new();
+        for i in 0..6u64 {
+            write_bytes(&p.mr, i * 8, &[i as u8 + 1; 8]);
+            chain.push(SendWr::send(100 + i).signaled(), &[Sge::new(p.mr.addr() + i * 8, 8, p.mr.lkey())]);
+        }
+        p.a.post_send(&chain).unwrap();
+    }
+
+    /// A run of queued SENDs to one QP (its receive requests claimed together) lands in
+    /// order, each message in its own request, in one poll.
+    #[test]
+    fn a_run_of_queued_sends_lands_in_order() {
+        let mut p = pair("mq-run");
+        run_of_six(&mut p, None);
+        let ok = |ids: std::ops::Range<u64>| ids.map(|i| (i, WcStatus::Success)).collect::<Vec<_>>();
+        assert_eq!(poll_n(&mut p.rb, 6), ok(0..6));
+        for i in 0..6u64 {
+            assert_eq!(read_bytes(&p.mr, 1024 + i * 64, 8), [i as u8 + 1; 8], "message {i}'s bytes");
+        }
+        assert_eq!(poll_n(&mut p.sa, 6), ok(100..106));
+        // The two requests left serve the next messages.
+        let mut chain = SendChain::new();
+        for i in 0..2u64 {
+            chain.push(SendWr::send(200 + i).signaled(), &[Sge::new(p.mr.addr(), 8, p.mr.lkey())]);
+        }
+        p.a.post_send(&chain).unwrap();
+        assert_eq!(poll_n(&mut p.rb, 2), ok(6..8));
+    }
+
+    /// A message of a run that the general delivery places (an empty SEND into a request of
+    /// no SGE: its completion goes into the ring) keeps its place: the run's later messages
+    /// follow it through the ring, so the poll returns all of them in order.
+    #[test]
+    fn a_run_message_placed_by_the_general_delivery_keeps_its_place() {
+        let mut p = pair("mq-run-general");
+        let sges = |i: u64| if i == 1 { vec![] } else { vec![Sge::new(p.mr.addr() + 1024 + i * 64, 64, p.mr.lkey())] };
+        let posts: Vec<_> = (0..4u64).map(|i| RecvChain::one(i, &sges(i))).collect();
+        for r in &posts {
+            p.b.post_recv(r).unwrap();
+        }
+        let mut chain = SendChain::new();
+        for i in 0..4u64 {
+            write_bytes(&p.mr, i * 8, &[i as u8 + 1; 8]);
+            let len = if i == 1 { 0 } else { 8 };
+            chain.push(SendWr::send(100 + i).signaled(), &[Sge::new(p.mr.addr() + i * 8, len, p.mr.lkey())]);
+        }
+        p.a.post_send(&chain).unwrap();
+        let mut wc = [WorkCompletion::default(); 16];
+        let mut got = Vec::new();
+        for _ in 0..100_000 {
+            let k = p.rb.poll(&mut wc).unwrap();
+            got.extend(wc[..k].iter().map(|w| (w.wr_id, w.status, w.byte_len)));
+            if got.len() >= 4 {
+                break;
+            }
+        }
+        let ok = WcStatus::Success;
+        assert_eq!(got, [(0, ok, 8), (1, ok, 0), (2, ok, 8), (3, ok, 8)]);
+        for i in [0u64, 2, 3] {
+            assert_eq!(read_bytes(&p.mr, 1024 + i * 64, 8), [i as u8 + 1; 8], "message {i}'s bytes");
+        }
+    }
+
+    /// A run's message that goes to the ring while the ring also holds the sender's
+    /// completions (one CQ for both sides): the poll that fills `wc` from the ring must not
+    /// let the queue go with requests still held (a helper draining next would take the
+    /// requests after them for the run's messages). Every poll ends holding none, and
+    /// every completion comes, each side in order.
+    #[test]
+    fn a_poll_never_ends_holding_a_run() {
+        let mut p = pair_with("mq-run-shared", super::Mode::All, true);
+        for i in 0..4u64 {
+            let sges = if i == 1 { vec![] } else { vec![Sge::new(p.mr.addr() + 1024 + i * 64, 64, p.mr.lkey())] };
+            p.b.post_recv(&RecvChain::one(i, &sges)).unwrap();
+        }
+        let mut chain = SendChain::new();
+        for i in 0..4u64 {
+            let len = if i == 1 { 0 } else { 8 };
+            chain.push(SendWr::send(100 + i).signaled(), &[Sge::new(p.mr.addr() + i * 8, len, p.mr.lkey())]);
+        }
+        p.a.post_send(&chain).unwrap();
+        let mut wc = [WorkCompletion::default(); 4];
+        let (mut recv, mut sent) = (Vec::new(), Vec::new());
+        for _ in 0..100_000 {
+            let k = p.rb.poll(&mut wc).unwrap();
+            assert!(!p.rb.drain.holds_run(), "a poll returned holding receive requests");
+            for w in &wc[..k] {
+                assert_eq!(w.status, WcStatus::Success, "{w:?}");
+                if w.opcode == WcOpcode::Recv {
+                    recv.push(w.wr_id)
+                } else {
+                    sent.push(w.wr_id)
+                }
+            }
+            if recv.len() + sent.len() >= 8 {
+                break;
+            }
+        }
+        assert_eq!((recv, sent), (vec![0, 1, 2, 3], vec![100, 101, 102, 103]));
+    }
+
+    /// A request of a run that does not fit its message fails it (LOC_LEN_ERR, the QP to
+    /// ERROR) and the requests after it flush in order: the run's, then the rest of the
+    /// queue's. The sender sees its messages before the failure succeed, the failed one
+    /// REM_INV_REQ_ERR and the rest flushed, as with one claim per message.
+    #[test]
+    fn a_short_request_in_a_run_flushes_the_rest_in_order() {
+        let mut p = pair("mq-run-short");
+        run_of_six(&mut p, Some(2));
+        let flush = WcStatus::WrFlushErr;
+        let (ok, len, inv) = (WcStatus::Success, WcStatus::LocLenErr, WcStatus::RemInvReqErr);
+        assert_eq!(
+            poll_n(&mut p.rb, 8),
+            [(0, ok), (1, ok), (2, len), (3, flush), (4, flush), (5, flush), (6, flush), (7, flush)]
+        );
+        assert_eq!(poll_n(&mut p.sa, 6), [(100, ok), (101, ok), (102, inv), (103, flush), (104, flush), (105, flush)]);
+        assert_eq!((p.a.state(), p.b.state()), (QpState::Error, QpState::Error));
     }
 
     /// With no receive posted, nothing is queued (RNR at post time): the SEND waits and is

@@ -200,7 +200,29 @@ pub(crate) fn deliver_taken(
     place_data: bool,
     tm_view: Option<&super::tm::TmView>,
 ) -> WcStatus {
-    let reliable = st.qp_type.is_reliable();
+    match place_taken(f, st, rx, d, wr, src, total, grh, place_data, tm_view) {
+        Ok(()) => WcStatus::Success,
+        Err(remote) => responder_failed(f, d, st.qp_type.is_reliable(), remote),
+    }
+}
+
+/// [`deliver_taken`] up to the receiver's completion: `Err` carries the status a failed
+/// placement gives the requester, and the caller runs [`responder_failed`] (or, holding
+/// more of the QP's receive requests, defers its flush, `drain::general`).
+#[allow(clippy::too_many_arguments)]
+#[inline]
+pub(crate) fn place_taken(
+    f: &Fabric,
+    st: Sender,
+    rx: &RecvEntry,
+    d: &DestView,
+    wr: &SendWr,
+    src: &[Seg],
+    total: u64,
+    grh: &Option<Option<[u8; GRH_LEN]>>,
+    place_data: bool,
+    tm_view: Option<&super::tm::TmView>,
+) -> std::result::Result<(), WcStatus> {
     let mut wc = WorkCompletion {
         wr_id: rx.wr_id,
         opcode: if wr.opcode == WrOpcode::RdmaWriteWithImm { WcOpcode::RecvRdmaWithImm } else { WcOpcode::Recv },
@@ -230,7 +252,7 @@ pub(crate) fn deliver_taken(
         if let Some(dst) = recv_dst(f, pd, &rx.sges[0], total as usize).filter(|_| small) {
             wc.byte_len = total as u32;
             push_recv_wc_inline(f, d, &wc, dst, s.ptr, wr.flags.contains(SendFlags::SOLICITED));
-            return WcStatus::Success;
+            return Ok(());
         }
     }
     // Nearly every receive request has one SGE: resolve it into a one-segment array rather
@@ -247,10 +269,7 @@ pub(crate) fn deliver_taken(
         wc.byte_len = 0;
     }
     push_recv_wc(f, d, &wc, wr.flags.contains(SendFlags::SOLICITED));
-    match status {
-        Ok(()) => WcStatus::Success,
-        Err((_, remote)) => responder_failed(f, d, reliable, remote),
-    }
+    status.map_err(|(_, remote)| remote)
 }
 
 /// A message failed in the responder's receive queue (a corrupt ring, a tagged or plain buffer

@@ -343,6 +343,30 @@ impl Drain {
         Some(Delivered { pos, len, tag: (hdr >> 16) as u16, imm: (hdr >> 32) as u32, words })
     }
 
+    /// How many written messages follow the head (those the next `poll`s return), at most
+    /// `max`, before the first for which `same(tag, first payload word)` is false. They stay
+    /// as they are until this burst's `head` is published past them, so the next `poll`s
+    /// return exactly them: a drainer sizes a batch by it (one claim of receive requests
+    /// for a run of messages to one QP, `drain::take`).
+    #[inline]
+    pub fn peek_run(&self, max: u64, same: impl Fn(u16, u64) -> bool) -> u64 {
+        let mut k = 0;
+        while k < max {
+            let pos = self.head + k;
+            let c = self.q.cell(pos);
+            // Acquire, as in `poll`.
+            if c.seq.load(Ordering::Acquire) != pos + 1 {
+                break;
+            }
+            let hdr = c.hdr.load(Ordering::Relaxed);
+            if !same((hdr >> 16) as u16, c.data[0].load(Ordering::Relaxed)) {
+                break;
+            }
+            k += 1;
+        }
+        k
+    }
+
     /// Publishes `head` to senders now, keeping the lock: for a drainer that holds the lock
     /// across many bursts (an owner polling often) and acknowledges once per burst.
     #[inline]

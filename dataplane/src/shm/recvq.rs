@@ -246,6 +246,19 @@ pub(crate) fn pop_held(ring: &RecvRing, out: &mut RecvEntry) -> Option<u64> {
     got
 }
 
+/// [`pop_held`] of a run of up to `max` requests, claimed with one CAS
+/// ([`super::ring::Ring::pop_run`]): the first is read into `out`; returns its position and
+/// the run's length. The caller reads the others (`RecvRing::read_held`) and releases each.
+#[inline]
+pub(crate) fn pop_run(ring: &RecvRing, max: u64, out: &mut RecvEntry) -> Option<(u64, u64)> {
+    let got = ring.pop_run(max, out).ok();
+    if got.is_some() {
+        // As in `pop_held`: the request after the run.
+        ring.prefetch(0);
+    }
+    got
+}
+
 /// [`pop_held`] and the cell's release at once.
 #[inline]
 pub(crate) fn pop(ring: &RecvRing, out: &mut RecvEntry) -> bool {

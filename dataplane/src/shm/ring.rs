@@ -404,6 +404,65 @@ impl Ring {
         }
     }
 
+    /// [`Ring::pop_held`] of a run: claims the oldest entry and up to `max - 1` published
+    /// entries after it with one CAS on `head`, reads the first, and returns its position and
+    /// the run's length `k` (at least 1). The caller holds cells `pos..pos + k`: it reads the
+    /// others with [`Ring::read_held`] and must hand each to [`Ring::release`]; it claims
+    /// only as many as it will certainly use, since a claim cannot be given back.
+    ///
+    /// Why one CAS: a drainer delivering a burst of messages to one receive queue paid a
+    /// locked instruction per message, and a locked instruction waits for the store buffer
+    /// (the previous message's payload and completion stores) to drain.
+    ///
+    /// The run's cells are checked (Acquire load of each sequence) before the CAS. A cell
+    /// published for this lap keeps its sequence until a consumer that claimed it frees it,
+    /// and claiming it means moving `head` past it, which makes our CAS fail: so after a
+    /// successful CAS every cell of the run is ours and published, and the Acquire loads
+    /// order the producer's payload stores before our reads of them.
+    #[inline(always)]
+    pub(crate) fn pop_run(&self, max: u64, read: impl FnOnce(CellRef<'_>)) -> Result<(u64, u64), Pop> {
+        let hdr = self.hdr();
+        let max = max.clamp(1, self.mask + 1);
+        let mut pos = hdr.head.load(Ordering::Relaxed);
+        let mut rereads = 0u32;
+        loop {
+            let (payload, seq) = self.cell(pos);
+            let s = seq.load(Ordering::Acquire);
+            let dif = s.wrapping_sub(pos.wrapping_add(1)) as i64;
+            if dif == 0 {
+                let mut k = 1;
+                while k < max {
+                    let p = pos.wrapping_add(k);
+                    if self.cell(p).1.load(Ordering::Acquire) != p.wrapping_add(1) {
+                        break;
+                    }
+                    k += 1;
+                }
+                match hdr.head.compare_exchange_weak(pos, pos.wrapping_add(k), Ordering::Relaxed, Ordering::Relaxed) {
+                    Ok(_) => {
+                        read(self.readable(payload));
+                        return Ok((pos, k));
+                    }
+                    Err(cur) => pos = cur,
+                }
+            } else if dif < 0 {
+                return Err(Pop::Empty);
+            } else {
+                pos = hdr.head.load(Ordering::Relaxed);
+            }
+            if rereads == MAX_REREADS {
+                return Err(Pop::Stalled);
+            }
+            rereads += 1;
+        }
+    }
+
+    /// Reads cell `pos` of a run [`Ring::pop_run`] gave this consumer (not yet released).
+    #[inline(always)]
+    pub(crate) fn read_held(&self, pos: u64, read: impl FnOnce(CellRef<'_>)) {
+        read(self.readable(self.cell(pos).0));
+    }
+
     /// Frees cell `pos`, which [`Ring::pop_held`] gave this consumer, for the producers' next lap.
     #[inline]
     pub(crate) fn release(&self, pos: u64) {
@@ -772,6 +831,33 @@ mod tests {
         assert!(!r.push_single_bounded(4, &mut seen, fill(9)));
     }
 
+    /// `pop_run` claims the published entries at `head`, at most `max`, with one move of
+    /// `head`; the run's cells stay held (a push cannot reuse them) until released.
+    #[test]
+    fn pop_run_claims_what_is_published_and_holds_it() {
+        let mut b = Box::new(Buf([0; 4096]));
+        // SAFETY: the buffer is big enough for 4 cells of 16 bytes and private to the test.
+        let r = unsafe { Ring::init(b.0.as_mut_ptr(), 4, 16) };
+        for v in 1..=3u64 {
+            assert!(r.push(|mut c| c.put(0, &v)));
+        }
+        let mut first = 0u64;
+        let Ok((pos, k)) = r.pop_run(8, |c| first = c.get(0)) else { panic!("a ready ring") };
+        assert_eq!((pos, k, first, r.head_pos()), (0, 3, 1, 3));
+        let mut third = 0u64;
+        r.read_held(2, |c| third = c.get(0));
+        assert_eq!(third, 3);
+        assert!(matches!(r.pop_run(8, |_| ()), Err(Pop::Empty)));
+        assert!(r.push(|mut c| c.put(0, &4u64)), "the fourth cell is free");
+        assert!(!r.push(|mut c| c.put(0, &5u64)), "the held first cell is not");
+        for p in 0..3 {
+            r.release(p);
+        }
+        assert!(r.push(|mut c| c.put(0, &5u64)));
+        let Ok((pos, k)) = r.pop_run(1, |c| first = c.get(0)) else { panic!("a ready ring") };
+        assert_eq!((pos, k, first), (3, 1, 4), "max 1 claims one");
+    }
+
     #[test]
     fn fifo_full_empty_and_wrap() {
         let mut b = Box::new(Buf([0; 4096]));
@@ -1008,6 +1094,51 @@ mod loom_tests {
                 c.join().unwrap();
             }
             finish(&m, pending, |m, v| m.ring.push_single_bounded(1, &mut 0, m.fill(v)), |m| m.ring.pop(|p| m.take(p)));
+        });
+    }
+
+    /// A receive queue drained in runs: one producer (`push_single_bounded` with no bound
+    /// beyond the cells, as a QP's RQ; three values over two cells) racing a consumer that
+    /// claims runs of up to two (`pop_run`, the drainer) and one that pops singly (a sender
+    /// on the sender-side path).
+    #[test]
+    fn loom_rq_run_consumer_and_single_consumer() {
+        fn pop_run(m: &Model) -> Pop {
+            match m.ring.pop_run(2, |p| m.take(p)) {
+                Ok((pos, k)) => {
+                    for i in 1..k {
+                        m.ring.read_held(pos + i, |p| m.take(p));
+                    }
+                    for i in 0..k {
+                        m.ring.release(pos + i);
+                    }
+                    Pop::Item
+                }
+                Err(p) => p,
+            }
+        }
+        loom::model(|| {
+            let m = Model::new(2, 3);
+            let runner = {
+                let m = m.clone();
+                thread::spawn(move || {
+                    for _ in 0..2 {
+                        assert!(!matches!(pop_run(&m), Pop::Stalled), "a healthy ring stalled");
+                    }
+                })
+            };
+            let single = {
+                let m = m.clone();
+                thread::spawn(move || {
+                    assert!(!matches!(m.ring.pop(|p| m.take(p)), Pop::Stalled), "a healthy ring stalled");
+                })
+            };
+            let mut head_seen = 0;
+            let pending: Vec<u64> =
+                (0..3).filter(|&v| !m.ring.push_single_bounded(u64::MAX, &mut head_seen, m.fill(v))).collect();
+            runner.join().unwrap();
+            single.join().unwrap();
+            finish(&m, pending, |m, v| m.ring.push_single_bounded(u64::MAX, &mut 0, m.fill(v)), pop_run);
         });
     }
 

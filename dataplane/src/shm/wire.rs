@@ -445,19 +445,37 @@ impl RecvRing {
     /// cell.
     #[inline(always)]
     pub(crate) fn pop_held(&self, out: &mut RecvEntry) -> Result<u64, Pop> {
+        self.ring.pop_held(|c| self.read(c, out))
+    }
+
+    /// [`RecvRing::pop_held`] of a run of up to `max` requests ([`Ring::pop_run`]): reads the
+    /// first into `out` and returns its position and the run's length; the others are read
+    /// with [`RecvRing::read_held`], and each must be released.
+    #[inline(always)]
+    pub(crate) fn pop_run(&self, max: u64, out: &mut RecvEntry) -> Result<(u64, u64), Pop> {
+        self.ring.pop_run(max, |c| self.read(c, out))
+    }
+
+    /// Reads request `pos` of a run this consumer holds ([`RecvRing::pop_run`]) into `out`.
+    #[inline(always)]
+    pub(crate) fn read_held(&self, pos: u64, out: &mut RecvEntry) {
+        self.ring.read_held(pos, |c| self.read(c, out))
+    }
+
+    /// Copies a claimed request out of its cell.
+    #[inline(always)]
+    fn read(&self, c: CellRef<'_>, out: &mut RecvEntry) {
         let cap = self.sge_cap;
-        self.ring.pop_held(|c| {
-            // SAFETY: the header and `cap` SGEs fit every cell (`new`); `n` is clamped to `cap`.
-            unsafe {
-                let h: RecvHeader = c.get_unchecked(0);
-                out.wr_id = h.wr_id;
-                out.n = (h.n_sge as usize).min(cap);
-                for k in 0..out.n {
-                    let at = size_of::<RecvHeader>() + k * size_of::<SgeRecord>();
-                    out.sges[k] = c.get_unchecked::<SgeRecord>(at).into();
-                }
+        // SAFETY: the header and `cap` SGEs fit every cell (`new`); `n` is clamped to `cap`.
+        unsafe {
+            let h: RecvHeader = c.get_unchecked(0);
+            out.wr_id = h.wr_id;
+            out.n = (h.n_sge as usize).min(cap);
+            for k in 0..out.n {
+                let at = size_of::<RecvHeader>() + k * size_of::<SgeRecord>();
+                out.sges[k] = c.get_unchecked::<SgeRecord>(at).into();
             }
-        })
+        }
     }
 }
 
