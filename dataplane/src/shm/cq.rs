@@ -216,7 +216,14 @@ impl ShmCq {
         let sh = &*self.shared;
         let f = sh.fabric();
         while *n < wc.len() {
-            let Some(m) = dr.poll() else { return false };
+            let Some(m) = dr.poll() else {
+                if self.drain.holds_run() {
+                    // Only a scribbled queue (`DrainCache::abandon_run`).
+                    self.drain.abandon_run(f);
+                    return true;
+                }
+                return false;
+            };
             // Each message of a run takes one completion (`Got::Wc`), so `room` keeps the run
             // within `wc`.
             match drain::take(f, sh.cqn, &mut self.drain, dr, wc.len() - *n, &m, &mut wc[*n]) {
@@ -246,7 +253,7 @@ impl ShmCq {
         let mut head = 0;
         while self.drain.holds_run() {
             // The run's messages were written before it was claimed (`Drain::peek_run`).
-            let Some(m) = dr.poll() else { return };
+            let Some(m) = dr.poll() else { return self.drain.abandon_run(f) };
             let mut wc = WorkCompletion::default();
             if let (Got::Wc, Some(ring)) = (drain::take(f, sh.cqn, &mut self.drain, dr, 1, &m, &mut wc), &ring) {
                 push_cqe_to(f, ring, &mut head, sh.cqn, channel, &Cqe { wc, retire: None, solicited: false });

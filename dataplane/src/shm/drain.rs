@@ -151,6 +151,39 @@ impl DrainCache {
         self.held_left != 0
     }
 
+    /// The queue ran out of messages while this drainer held a run's requests. Its messages
+    /// were written when the run was claimed, and cells stay as they are until the burst's
+    /// `head` is published, so only a peer scribbling on the queue's sequence words causes
+    /// this. The held requests complete with GENERAL_ERR, in order, into their CQ's ring,
+    /// and the run ends: holding them would give them to the next messages, which may be
+    /// another QP's.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn abandon_run(&mut self, f: &Fabric) {
+        let left = std::mem::take(&mut self.held_left);
+        let Some(d) = self.rx.clone() else { return };
+        let Some(rq) = d.rq else { return };
+        let cq = cq_ring(f, d.cqn);
+        for i in 0..left {
+            let pos = self.held.wrapping_add(i);
+            rq.read_held(pos, &mut self.entry);
+            rq.release(pos);
+            if let Some(cq) = &cq {
+                let wc = WorkCompletion {
+                    wr_id: self.entry.wr_id,
+                    status: WcStatus::GeneralErr,
+                    opcode: WcOpcode::Recv,
+                    qp_num: d.qpn,
+                    ..Default::default()
+                };
+                push_cqe(f, cq, &mut 0, d.cqn, &Cqe { wc, retire: None, solicited: false });
+            }
+        }
+        if let Some((idx, qpn)) = self.flush_after_run.take() {
+            after_error(f, idx, qpn);
+        }
+    }
+
     fn tx(&mut self, f: &Fabric, qpn: u32) -> Option<&mut TxView> {
         let idx = key_index(qpn, QP_IDX_BITS);
         let hit = self.tx.as_ref().is_some_and(|t| t.qpn == qpn && f.qp_slot(t.idx).qpn.load(Ordering::Acquire) == qpn);
@@ -619,7 +652,13 @@ pub(crate) fn help(f: &Fabric, q: &MsgQueue, cqn: u32) -> bool {
     let mut c = DrainCache::default();
     let mut head = 0;
     let mut any = false;
-    while let Some(m) = dr.poll() {
+    loop {
+        let Some(m) = dr.poll() else {
+            if c.holds_run() {
+                c.abandon_run(f);
+            }
+            break;
+        };
         any = true;
         let mut wc = WorkCompletion::default();
         // Every message goes through `take` and into the ring, in order: any run will do.
@@ -1078,6 +1117,40 @@ pub(crate) mod tests {
             }
         }
         assert_eq!((recv, sent), (vec![0, 1, 2, 3], vec![100, 101, 102, 103]));
+    }
+
+    /// A run whose messages vanish from the queue (only a scribbling peer does that) ends:
+    /// its held requests fail with GENERAL_ERR, in order, and the queue's next messages take
+    /// the requests after them, none of the run's. (Here the run's last two messages stay
+    /// in the queue, as if the scribble had hidden them only from the drainer's `poll`.)
+    #[test]
+    fn an_abandoned_run_fails_its_requests_in_order() {
+        let mut p = pair("mq-run-abandon");
+        for i in 0..5u64 {
+            p.b.post_recv(&RecvChain::one(i, &[Sge::new(p.mr.addr() + 1024 + i * 64, 64, p.mr.lkey())])).unwrap();
+        }
+        let q = p.rb.shared.mq.expect("the receive CQ has a queue");
+        let idx = super::super::layout::key_index(p.b.qp_num(), super::super::layout::QP_IDX_BITS);
+        for i in 0..3u64 {
+            let pos = q.claim(1);
+            let words = [super::meta(p.a.qp_num(), i as u32), 100 + i, i, 0, 0, 0];
+            q.write(pos, &mut 0, 24, super::tag(idx, 0), 0, &words).unwrap();
+        }
+        let (f, cqn) = (p.rb.shared.fabric(), p.rb.shared.cqn);
+        let mut dr = q.try_drain().expect("nobody else drains");
+        let m = dr.poll().expect("a message");
+        let mut c = super::DrainCache::default();
+        let mut wc = WorkCompletion::default();
+        assert!(matches!(super::take(f, cqn, &mut c, &dr, 3, &m, &mut wc), super::Got::Wc));
+        assert_eq!((wc.wr_id, wc.status), (0, WcStatus::Success));
+        assert!(c.holds_run(), "room 3: a run of 3");
+        c.abandon_run(f);
+        assert!(!c.holds_run());
+        drop(dr);
+        let got = poll_n(&mut p.rb, 4);
+        let (ok, err) = (WcStatus::Success, WcStatus::GeneralErr);
+        assert_eq!(got, [(1, err), (2, err), (3, ok), (4, ok)]);
+        assert_eq!(read_bytes(&p.mr, 1024 + 3 * 64, 8), 1u64.to_ne_bytes(), "the next message went to request 3");
     }
 
     /// A request of a run that does not fit its message fails it (LOC_LEN_ERR, the QP to
