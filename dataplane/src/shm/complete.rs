@@ -10,7 +10,7 @@ use super::layout::*;
 use super::msgq::{MsgQueue, ALIGN};
 use super::wire::CqRing;
 use super::CtxInner;
-use crate::verbs::{WcStatus, WorkCompletion};
+use crate::verbs::{WcOpcode, WcStatus, WorkCompletion};
 use crossbeam_utils::CachePadded;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -114,6 +114,22 @@ impl CqShared {
 #[inline]
 pub(crate) fn push_cqe(f: &Fabric, ring: &CqRing, head_seen: &mut u64, cqn: u32, cqe: &Cqe) {
     push_cqe_to(f, ring, head_seen, cqn, has_channel(f, cqn), cqe);
+}
+
+/// Pushes the error completion `status` of receive request `wr_id` of QP `qpn` into CQ
+/// `cqn`'s `ring` (a flushed or failed receive: no length, no immediate). One builder for
+/// the paths that fail receive requests outside a delivery (queue flush, a run's rest).
+pub(crate) fn push_recv_status(
+    f: &Fabric,
+    ring: &CqRing,
+    head_seen: &mut u64,
+    cqn: u32,
+    qpn: u32,
+    wr_id: u64,
+    status: WcStatus,
+) {
+    let wc = WorkCompletion { wr_id, status, opcode: WcOpcode::Recv, qp_num: qpn, ..Default::default() };
+    push_cqe(f, ring, head_seen, cqn, &Cqe { wc, retire: None, solicited: false });
 }
 
 /// Whether CQ `cqn` has a completion channel. Fixed from its creation (set before the CQ

@@ -3,9 +3,7 @@
 //! creates, polls (draining its message queue too, `drain.rs`), arms and destroys. It sits
 //! on top of the stack beside the QP object.
 
-use super::complete::{
-    cq_msgq, cq_ring, has_channel, push_cqe_to, CqShared, Cqe, ARM_NEXT, ARM_SOLICITED, HELP_EVERY, HELP_SLOTS,
-};
+use super::complete::{cq_msgq, cq_ring, CqShared, ARM_NEXT, ARM_SOLICITED, HELP_EVERY, HELP_SLOTS};
 use super::drain::{self, DrainCache, Got};
 use super::fabric::Fabric;
 use super::layout::*;
@@ -248,17 +246,8 @@ impl ShmCq {
         let sh = &*self.shared;
         let f = sh.fabric();
         // The CQ being polled has its ring; were it missing, the run would still be consumed.
-        let ring = cq_ring(f, sh.cqn);
-        let channel = has_channel(f, sh.cqn);
-        let mut head = 0;
-        while self.drain.holds_run() {
-            // The run's messages were written before it was claimed (`Drain::peek_run`).
-            let Some(m) = dr.poll() else { return self.drain.abandon_run(f) };
-            let mut wc = WorkCompletion::default();
-            if let (Got::Wc, Some(ring)) = (drain::take(f, sh.cqn, &mut self.drain, dr, 1, &m, &mut wc), &ring) {
-                push_cqe_to(f, ring, &mut head, sh.cqn, channel, &Cqe { wc, retire: None, solicited: false });
-            }
-        }
+        // The run's messages were written before it was claimed (`Drain::peek_run`).
+        drain::take_into_ring(f, sh.cqn, &mut self.drain, dr, cq_ring(f, sh.cqn).as_ref(), true);
     }
 
     /// A poll that found nothing: now and then it helps drain the queues this CQ's QPs

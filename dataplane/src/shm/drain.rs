@@ -12,7 +12,7 @@
 //! A CQ with a completion channel gets no queue (the channel's wake-ups would have to drain
 //! too; not built).
 
-use super::complete::{cq_ring, has_channel, push_cqe, push_cqe_to, Cqe};
+use super::complete::{cq_ring, has_channel, push_cqe_to, push_recv_status, Cqe};
 use super::dest::{dest, DestView};
 use super::exec::{place_taken, responder_failed, Sender};
 use super::fabric::Fabric;
@@ -169,14 +169,7 @@ impl DrainCache {
             rq.read_held(pos, &mut self.entry);
             rq.release(pos);
             if let Some(cq) = &cq {
-                let wc = WorkCompletion {
-                    wr_id: self.entry.wr_id,
-                    status: WcStatus::GeneralErr,
-                    opcode: WcOpcode::Recv,
-                    qp_num: d.qpn,
-                    ..Default::default()
-                };
-                push_cqe(f, cq, &mut 0, d.cqn, &Cqe { wc, retire: None, solicited: false });
+                push_recv_status(f, cq, &mut 0, d.cqn, d.qpn, self.entry.wr_id, WcStatus::GeneralErr);
             }
         }
         if let Some((idx, qpn)) = self.flush_after_run.take() {
@@ -380,14 +373,7 @@ fn take_held(f: &Fabric, c: &mut DrainCache, m: &Delivered, out: &mut WorkComple
 fn flush_held(f: &Fabric, c: &mut DrainCache, m: &Msg) -> Got {
     if let Some(d) = &c.rx {
         if let Some(cq) = cq_ring(f, d.cqn) {
-            let wc = WorkCompletion {
-                wr_id: c.entry.wr_id,
-                status: WcStatus::WrFlushErr,
-                opcode: WcOpcode::Recv,
-                qp_num: d.qpn,
-                ..Default::default()
-            };
-            push_cqe(f, &cq, &mut 0, d.cqn, &Cqe { wc, retire: None, solicited: false });
+            push_recv_status(f, &cq, &mut 0, d.cqn, d.qpn, c.entry.wr_id, WcStatus::WrFlushErr);
         }
     }
     fail_sender(f, c, m, None);
@@ -648,11 +634,25 @@ pub(crate) fn help(f: &Fabric, q: &MsgQueue, cqn: u32) -> bool {
     }
     let Some(mut dr) = q.try_drain() else { return false };
     let Some(ring) = cq_ring(f, cqn) else { return false };
+    take_into_ring(f, cqn, &mut DrainCache::default(), &mut dr, Some(&ring), false)
+}
+
+/// Takes `dr`'s messages with [`take`] and pushes their completions into CQ `cqn`'s `ring`,
+/// in order: all of them, or with `run_only` those of the run `c` holds. A run the queue
+/// cannot finish is abandoned ([`DrainCache::abandon_run`]). With no `ring` (a CQ being
+/// destroyed) the messages are still consumed. Returns whether it took any message.
+pub(crate) fn take_into_ring(
+    f: &Fabric,
+    cqn: u32,
+    c: &mut DrainCache,
+    dr: &mut Drain,
+    ring: Option<&CqRing>,
+    run_only: bool,
+) -> bool {
     let channel = has_channel(f, cqn);
-    let mut c = DrainCache::default();
     let mut head = 0;
     let mut any = false;
-    loop {
+    while !run_only || c.holds_run() {
         let Some(m) = dr.poll() else {
             if c.holds_run() {
                 c.abandon_run(f);
@@ -661,9 +661,9 @@ pub(crate) fn help(f: &Fabric, q: &MsgQueue, cqn: u32) -> bool {
         };
         any = true;
         let mut wc = WorkCompletion::default();
-        // Every message goes through `take` and into the ring, in order: any run will do.
-        if let Got::Wc = take(f, cqn, &mut c, &dr, usize::MAX, &m, &mut wc) {
-            push_cqe_to(f, &ring, &mut head, cqn, channel, &Cqe { wc, retire: None, solicited: false });
+        // Every message goes into the ring, in order: any run will do.
+        if let (Got::Wc, Some(ring)) = (take(f, cqn, c, dr, usize::MAX, &m, &mut wc), ring) {
+            push_cqe_to(f, ring, &mut head, cqn, channel, &Cqe { wc, retire: None, solicited: false });
         }
     }
     any

@@ -2,7 +2,7 @@
 //! the error, or the owner), with what the verbs spec says follows: its receive queue is
 //! flushed, or, on an SRQ, its owner gets `IBV_EVENT_QP_LAST_WQE_REACHED`.
 
-use super::complete::{cq_ring, push_cqe, Cqe};
+use super::complete::{cq_ring, push_recv_status};
 use super::fabric::Fabric;
 use super::layout::*;
 use super::recvq::{self, RecvEntry, MAX_SGE};
@@ -66,13 +66,6 @@ pub(crate) fn flush_rq(f: &Fabric, s: &QpSlot, qpn: u32) {
     let mut e = RecvEntry::default();
     let mut cq_head = 0;
     while recvq::pop(&rq, &mut e) {
-        let wc = WorkCompletion {
-            wr_id: e.wr_id,
-            status: WcStatus::WrFlushErr,
-            opcode: WcOpcode::Recv,
-            qp_num: qpn,
-            ..Default::default()
-        };
-        push_cqe(f, &cq, &mut cq_head, cqn, &Cqe { wc, retire: None, solicited: false });
+        push_recv_status(f, &cq, &mut cq_head, cqn, qpn, e.wr_id, WcStatus::WrFlushErr);
     }
 }

@@ -377,31 +377,8 @@ impl Ring {
     /// ([`Ring::claim_tracked`]).
     #[inline(always)]
     pub(crate) fn pop_held(&self, read: impl FnOnce(CellRef<'_>)) -> Result<u64, Pop> {
-        let hdr = self.hdr();
-        let mut pos = hdr.head.load(Ordering::Relaxed);
-        let mut rereads = 0u32;
-        loop {
-            let (payload, seq) = self.cell(pos);
-            let s = seq.load(Ordering::Acquire);
-            let dif = s.wrapping_sub(pos.wrapping_add(1)) as i64;
-            if dif == 0 {
-                match hdr.head.compare_exchange_weak(pos, pos.wrapping_add(1), Ordering::Relaxed, Ordering::Relaxed) {
-                    Ok(_) => {
-                        read(self.readable(payload));
-                        return Ok(pos);
-                    }
-                    Err(cur) => pos = cur,
-                }
-            } else if dif < 0 {
-                return Err(Pop::Empty);
-            } else {
-                pos = hdr.head.load(Ordering::Relaxed);
-            }
-            if rereads == MAX_REREADS {
-                return Err(Pop::Stalled);
-            }
-            rereads += 1;
-        }
+        // A run of one: with `max` 1 the run loop is dead code, so this is the single claim.
+        self.pop_run(1, read).map(|(pos, _)| pos)
     }
 
     /// [`Ring::pop_held`] of a run: claims the oldest entry and up to `max - 1` published
@@ -422,7 +399,8 @@ impl Ring {
     #[inline(always)]
     pub(crate) fn pop_run(&self, max: u64, read: impl FnOnce(CellRef<'_>)) -> Result<(u64, u64), Pop> {
         let hdr = self.hdr();
-        let max = max.clamp(1, self.mask + 1);
+        // Not `clamp`: it has a panic path (min > max) the hot loop need not carry.
+        let max = max.max(1).min(self.mask + 1);
         let mut pos = hdr.head.load(Ordering::Relaxed);
         let mut rereads = 0u32;
         loop {
