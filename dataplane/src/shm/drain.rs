@@ -164,14 +164,21 @@ impl DrainCache {
         let Some(d) = self.rx.clone() else { return };
         let Some(rq) = d.rq else { return };
         let cq = cq_ring(f, d.cqn);
+        let mut cq_head = 0;
         for i in 0..left {
             let pos = self.held.wrapping_add(i);
             rq.read_held(pos, &mut self.entry);
             rq.release(pos);
             if let Some(cq) = &cq {
-                push_recv_status(f, cq, &mut 0, d.cqn, d.qpn, self.entry.wr_id, WcStatus::GeneralErr);
+                push_recv_status(f, cq, &mut cq_head, d.cqn, d.qpn, self.entry.wr_id, WcStatus::GeneralErr);
             }
         }
+        self.end_run(f);
+    }
+
+    /// After a run's last request: the flush of its QP's receive queue that a failure in
+    /// the run deferred (`general`), if any.
+    fn end_run(&mut self, f: &Fabric) {
         if let Some((idx, qpn)) = self.flush_after_run.take() {
             after_error(f, idx, qpn);
         }
@@ -378,9 +385,7 @@ fn flush_held(f: &Fabric, c: &mut DrainCache, m: &Msg) -> Got {
     }
     fail_sender(f, c, m, None);
     if c.held_left == 0 {
-        if let Some((idx, qpn)) = c.flush_after_run.take() {
-            after_error(f, idx, qpn);
-        }
+        c.end_run(f);
     }
     Got::Ring
 }
