@@ -16,6 +16,13 @@
 //! that find nothing to do, the loop a paced pipeline spins in between messages (its length
 //! is how late a worker notices a message, on average half of it):
 //! (Ir(IDLE = B) - Ir(IDLE = A)) / (2 (B - A)) is one idle loop's instructions.
+//!
+//! RATE (fourth argument, default 0: unpaced): the source's messages per second. Paced, the
+//! run takes MESSAGES / RATE seconds and prints the sink's round-trip percentiles: the
+//! latency of the whole path on one core, without a core-to-core transfer, which shows what
+//! the time between messages costs (docs/benchmarks.md, session 37: on the development VM the
+//! round trip's median p50 over 9 runs grows from 763 ns at 1M msg/s to 921 ns at 100k and
+//! 1,043 ns at 10k, the same code path).
 
 use dataplane::mem::{BufferPool, HugePolicy};
 use dataplane::pipeline::{Clock, Echo, Sink, Source, SourceLimits, Target};
@@ -76,14 +83,17 @@ fn main() {
     let (cn, sn) = (client.qp_num(c), server.qp_num(s));
     client.connect(c, sn).expect("connect");
     server.connect(s, cn).expect("connect");
-    let limits = SourceLimits { rate: 0, count: messages, duration_ns: 0 };
+    let rate: u64 = std::env::args().nth(4).and_then(|a| a.parse().ok()).unwrap_or(0);
+    let limits = SourceLimits { rate, count: messages, duration_ns: 0 };
     client.add_stage("src", "source", Box::new(Source::new(MSG_SIZE, limits, burst)), vec![Target::Qp(c as u16)], None);
     client.add_stage("rtt", "sink", Box::new(Sink::new(true, true)), vec![], Some(c));
     server.add_stage("echo", "echo", Box::new(Echo), vec![], Some(s));
 
     let (cstats, mut steps) = (client.stats(), 0u64);
-    // Bounded: a pipeline that stops moving ends the run with an error instead of hanging.
-    while cstats.rx_msgs.get() < messages && steps < 100 * messages + 1_000_000 {
+    // Bounded: a pipeline that stops moving ends the run with an error instead of hanging (a
+    // paced one gets the loops of its run's length, at 10 ns a loop pair at the most).
+    let paced_loops = messages.saturating_mul(100_000_000).checked_div(rate).unwrap_or(0);
+    while cstats.rx_msgs.get() < messages && steps < 100 * messages + 1_000_000 + paced_loops {
         client.step();
         server.step();
         steps += 1;
@@ -115,6 +125,10 @@ fn main() {
     let r = client.report();
     let sink = r.stages.iter().find(|s| s.kind == "sink").expect("sink");
     println!("{} messages echoed in {steps} loop pairs, {} gaps", sink.msgs_in, sink.report.gaps);
+    if let (true, Some(h)) = (rate != 0, &sink.report.latency) {
+        let q = |p: f64| h.value_at_quantile(p);
+        println!("round trip ns at {rate} msg/s: p10 {} p50 {} p90 {} p99 {}", q(0.1), q(0.5), q(0.9), q(0.99));
+    }
     if sink.msgs_in != messages || sink.report.gaps != 0 {
         eprintln!("error: expected {messages} messages without gaps");
         std::process::exit(1);

@@ -1,7 +1,8 @@
 //! Worker behaviour outside the hot path: a failed pin is an error (and stops the pipeline);
 //! a worker run on its own thread until stopped returns every buffer; a send chain the QP
 //! refuses returns its buffers and send-queue room; the pipeline clock counts from its base;
-//! a paced source keeps its schedule; a burst of receives is stamped once.
+//! a batch awaits a completion only for a posted signaled send; a paced source keeps its
+//! schedule; a burst of receives is stamped once.
 
 use dataplane::mem::{BufferPool, HugePolicy};
 use dataplane::pipeline::{
@@ -232,6 +233,78 @@ fn a_refused_chain_returns_its_buffers_and_room() {
     assert_eq!(w.tx_msgs.get(), 0);
     drop(cache);
     assert_eq!(pool.outstanding(), 0, "every buffer is back in the pool");
+}
+
+/// A batch awaits a completion exactly while a posted SIGNALED send has not been completed
+/// (the worker polls its send CQ only then, and one loop in 64 otherwise): not for unsignaled
+/// sends, not for a gathered chain not yet posted, and no more once the signaled completion
+/// is handed back.
+#[test]
+fn a_batch_awaits_a_completion_only_for_a_posted_signaled_send() {
+    use dataplane::verbs::{ConnectOpts, PeerAddr, QpCaps, QpType, RecvChain, RecvWr, Sge, WorkCompletion};
+    use dataplane::worker::batch::SendBatch;
+    use dataplane::worker::stats::WorkerStats;
+    use dataplane::{Cq, Qp, QpInitAttr};
+
+    let name = format!("worker-awaits-{}", std::process::id());
+    let ctx = Shm::open(&ShmConfig { fabric: name, size: 32 << 20, huge: HugePolicy::Never }).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let (size, count) = (256usize, 64usize);
+    let region = ctx.alloc_region(size * count + 64).unwrap();
+    let mr = pd.reg_mr(&region, 0, size * count + 64, AccessFlags::LOCAL_WRITE).unwrap();
+    let off = (64 - (mr.addr() % 64) as usize) % 64;
+    let pool = BufferPool::from_region(Arc::new(region), off, size, count).unwrap();
+    let (mut scq, rcq) = (ctx.create_cq(64).unwrap(), ctx.create_cq(64).unwrap());
+    let cap = QpCaps { max_send_wr: 16, max_recv_wr: 16, ..Default::default() };
+    let mk = |cq| {
+        pd.create_qp(&QpInitAttr { send_cq: cq, recv_cq: cq, srq: None, cap, qp_type: QpType::Rc, sq_sig_all: false })
+    };
+    let (mut a, mut b) = (mk(&scq).unwrap(), mk(&rcq).unwrap());
+    let (ea, eb) = (a.endpoint(0).unwrap(), b.endpoint(0).unwrap());
+    let opts = ConnectOpts { min_rnr_timer: 1, ..Default::default() };
+    b.bring_up_to_init(&opts).unwrap();
+    let mut recv = RecvChain::with_capacity(8, 8);
+    for i in 0..8 {
+        recv.push(RecvWr::new(i), &[Sge::new(mr.addr() + off as u64, 64, mr.lkey())]);
+    }
+    b.post_recv(&recv).unwrap();
+    a.connect(&PeerAddr::from_endpoint(&eb, 1, 0), &opts).unwrap();
+    b.connect(&PeerAddr::from_endpoint(&ea, 1, 0), &opts).unwrap();
+    let mut cache = pool.cache(16);
+    let w = WorkerStats::new();
+    // Posted only by `flush` (doorbell batch = depth), one WR in 4 signaled.
+    let mut batch = SendBatch::new(a, 16, 16, 4, mr.lkey());
+    let push = |batch: &mut SendBatch<_>, cache: &mut dataplane::mem::PoolCache, n: usize| {
+        for _ in 0..n {
+            let buf = cache.get().expect("a buffer");
+            assert!(batch.push(buf, 0, 8, &w, cache));
+        }
+    };
+    push(&mut batch, &mut cache, 4);
+    assert!(!batch.awaits_completion(), "WRs 0-3 gathered (3 signaled), none posted");
+    batch.flush(&w, &mut cache);
+    assert_eq!(batch.inflight(), 4);
+    assert!(batch.awaits_completion(), "WR 3 is signaled and posted");
+    let mut wc = [WorkCompletion::default(); 4];
+    let t = std::time::Instant::now();
+    let n = loop {
+        let n = scq.poll(&mut wc).unwrap();
+        if n > 0 || t.elapsed() > Duration::from_secs(5) {
+            break n;
+        }
+    };
+    assert_eq!((n, wc[0].wr_id), (1, 3), "one completion, of the signaled WR");
+    batch.complete(&wc[0], &w, &mut cache);
+    assert!(!batch.awaits_completion(), "its completion was handed back");
+    assert_eq!(batch.inflight(), 0, "and it released every WR up to it");
+    push(&mut batch, &mut cache, 3);
+    batch.flush(&w, &mut cache);
+    assert_eq!(batch.inflight(), 3);
+    assert!(!batch.awaits_completion(), "WRs 4-6 posted, none signaled");
+    assert_eq!(scq.poll(&mut wc).unwrap(), 0, "and none completes");
+    batch.release_all(&mut cache);
+    drop(cache);
+    assert_eq!(pool.outstanding(), 0);
 }
 
 /// The pipeline clock (the invariant TSC calibrated against CLOCK_MONOTONIC, or

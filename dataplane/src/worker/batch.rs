@@ -30,6 +30,10 @@ pub struct SendBatch<Q: Qp> {
     pending_bytes: u64,
     /// Pending WRs carrying `SIGNALED`.
     pending_signaled: u64,
+    /// Sequence number + 1 of the newest WR carrying `SIGNALED` (pending or posted; 0: none).
+    last_signaled: u64,
+    /// Sequence number + 1 of the newest posted WR carrying `SIGNALED` (0: none).
+    posted_signaled: u64,
     /// Sequence number of the next WR to post (= wr_id).
     next_seq: u64,
     /// Sequence number of the oldest WR in `bufs`.
@@ -57,6 +61,8 @@ impl<Q: Qp> SendBatch<Q> {
             pending: 0,
             pending_bytes: 0,
             pending_signaled: 0,
+            last_signaled: 0,
+            posted_signaled: 0,
             next_seq: 0,
             done_seq: 0,
             since_signal: 0,
@@ -86,6 +92,14 @@ impl<Q: Qp> SendBatch<Q> {
         self.depth as usize - self.bufs.len()
     }
 
+    /// Whether a posted SIGNALED WR has not completed yet: its completion is still to come
+    /// on the send CQ. With none, a poll of the send CQ can only find error completions of
+    /// unsignaled WRs (the worker then polls it less often, [`super::Worker::step`]).
+    #[inline]
+    pub fn awaits_completion(&self) -> bool {
+        self.posted_signaled > self.done_seq
+    }
+
     /// Buffers posted and not yet released.
     pub fn inflight(&self) -> usize {
         self.bufs.len() - self.pending
@@ -107,6 +121,7 @@ impl<Q: Qp> SendBatch<Q> {
             wr = wr.signaled();
             self.since_signal = 0;
             self.pending_signaled += 1;
+            self.last_signaled = seq + 1;
         }
         if len <= self.max_inline {
             wr.flags |= SendFlags::INLINE;
@@ -136,6 +151,7 @@ impl<Q: Qp> SendBatch<Q> {
         match self.qp.post_send(&self.chain) {
             Ok(()) => {
                 self.next_seq += n as u64;
+                self.posted_signaled = self.last_signaled;
                 self.stats.tx_msgs.add(n as u64);
                 self.stats.tx_bytes.add(bytes);
                 self.stats.doorbells.add(1);
@@ -149,6 +165,10 @@ impl<Q: Qp> SendBatch<Q> {
                 // Requests before bad_wr went out; the rest are returned to the pool.
                 let ok = e.bad_wr.min(n);
                 self.next_seq += ok as u64;
+                // A signaled WR past bad_wr was not posted (its sequence number is reused):
+                // count the last posted WR as the one awaited, which errs on polling more.
+                self.last_signaled = self.last_signaled.min(self.next_seq);
+                self.posted_signaled = self.last_signaled;
                 let failed = (n - ok) as u64;
                 for b in self.bufs.drain(self.bufs.len() - (n - ok)..) {
                     let _ = cache.put(b);

@@ -293,6 +293,10 @@ pub struct Worker<P: Provider> {
     pub(crate) params: WorkerParams,
     pub(crate) ctx: Arc<P::Context>,
     pub(crate) scq: P::Cq,
+    /// Whether some QP awaits the completion of a signaled send (`SendBatch::awaits_completion`,
+    /// as of the end of the last loop): when not, the send CQ is polled one loop in
+    /// [`SEND_CQ_IDLE_PERIOD`](poll::SEND_CQ_IDLE_PERIOD) only.
+    pub(crate) scq_awaited: bool,
     pub(crate) rcq: P::Cq,
     pub(crate) srq: Replenisher<P::Srq>,
     pub(crate) batches: Vec<SendBatch<P::Qp>>,
@@ -366,6 +370,7 @@ impl<P: Provider> Worker<P> {
             params,
             ctx,
             scq,
+            scq_awaited: true,
             rcq,
             srq,
             batches: Vec::new(),

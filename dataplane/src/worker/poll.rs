@@ -12,6 +12,15 @@ use std::sync::atomic::Ordering;
 /// Loops between checks of asynchronous events.
 const EVENT_PERIOD: u64 = 256;
 
+/// Loops between polls of the send CQ while no QP awaits a signaled completion. Such a
+/// poll can only find the error completions of unsignaled WRs (a QP gone to ERROR); an
+/// empty poll of the `shm` CQ reads words other cores write (the ring's next entry, the
+/// message queue's state, the help and overrun words), the largest part of an idle loop, so
+/// a worker waiting for its next receive skips it. Errors still show within this many loops
+/// (a few microseconds), and a poll that found completions is followed by another in the
+/// next loop, so a burst of flushed WRs is drained at the usual pace.
+pub(crate) const SEND_CQ_IDLE_PERIOD: u64 = 64;
+
 impl<P: Provider> Worker<P> {
     /// Runs one loop iteration: poll send completions (freeing buffers), poll up to
     /// `poll_burst` receives (no more than every send queue can take), run the sources, hand
@@ -25,17 +34,22 @@ impl<P: Provider> Worker<P> {
         // (`StageCx::rx_time_ns`).
         let rx_ns = Cell::new(0u64);
 
-        // 1. Send completions: release the buffers of completed WRs.
-        let n = self.scq.poll(&mut self.wc).unwrap_or_else(|_| {
-            stats.errors.add(1);
-            0
-        });
-        for wc in &self.wc[..n] {
-            if let Some(i) = self.qp_nums.iter().position(|&q| q == wc.qp_num) {
-                self.batches[i].complete(wc, stats, &mut self.cache);
+        // 1. Send completions: release the buffers of completed WRs. Skipped while nothing
+        // signaled is in flight, but for one loop in SEND_CQ_IDLE_PERIOD.
+        let mut scq_found = false;
+        if self.scq_awaited || self.loops % SEND_CQ_IDLE_PERIOD == 0 {
+            let n = self.scq.poll(&mut self.wc).unwrap_or_else(|_| {
+                stats.errors.add(1);
+                0
+            });
+            for wc in &self.wc[..n] {
+                if let Some(i) = self.qp_nums.iter().position(|&q| q == wc.qp_num) {
+                    self.batches[i].complete(wc, stats, &mut self.cache);
+                }
             }
+            work += n;
+            scq_found = n > 0;
         }
-        work += n;
 
         // 2. Room: a generated message yields at most one send per QP it can reach, so a
         // source emits no more than the smallest room among those QPs.
@@ -155,10 +169,14 @@ impl<P: Provider> Worker<P> {
             deferred = 0;
         }
 
-        // 6. One doorbell per QP with gathered sends.
+        // 6. One doorbell per QP with gathered sends; whether the next loop polls the send CQ
+        // (a poll that found completions may have left more: poll again).
+        let mut awaited = scq_found;
         for b in &mut self.batches {
             b.flush(stats, &mut self.cache);
+            awaited |= b.awaits_completion();
         }
+        self.scq_awaited = awaited;
 
         // 7. SRQ: refill below the watermark, or when its limit event fired.
         self.loops += 1;

@@ -49,6 +49,11 @@ enum Test {
         /// Round trips.
         #[arg(short = 'n', long, default_value_t = 1_000_000)]
         iters: u64,
+        /// Nanoseconds the measuring thread waits (spinning on the clock, touching neither
+        /// line) before each round trip: the limit of a paced pipeline, whose message finds
+        /// both sides idle (0: back to back, as `dp-perf send_lat`).
+        #[arg(long, default_value_t = 0)]
+        gap_ns: u64,
     },
     /// memcpy transport through a ring of slots: bandwidth in MB/s (2^20 bytes, as perftest),
     /// the best of several slot layouts.
@@ -113,7 +118,7 @@ fn main() {
     dataplane_apps::logging::init();
     let args = Args::parse();
     match args.test {
-        Test::Pingpong { iters } => pingpong(&args, iters),
+        Test::Pingpong { iters, gap_ns } => pingpong(&args, iters, gap_ns),
         Test::Copy { size, iters, slots } => copy(&args, size, iters, slots),
         Test::Hiccup { duration } => hiccup::run(args.core, args.peer_core, args.json, duration),
         Test::FifoLat { size, iters } => fifo::lat(args.core, args.peer_core, args.json, size, iters),
@@ -123,11 +128,11 @@ fn main() {
     }
 }
 
-fn pingpong(args: &Args, iters: u64) {
+fn pingpong(args: &Args, iters: u64, gap_ns: u64) {
     let ping = Arc::new(Line::default());
     let pong = Arc::new(Line::default());
     let (p2, q2, peer) = (ping.clone(), pong.clone(), args.peer_core);
-    let warm = iters / 10 + 1000;
+    let warm = if gap_ns == 0 { iters / 10 + 1000 } else { 100 };
     let total = warm + iters;
     let t = std::thread::spawn(move || {
         pin(peer);
@@ -149,6 +154,10 @@ fn pingpong(args: &Args, iters: u64) {
         if i == warm + 1 {
             start = Instant::now();
         }
+        if gap_ns != 0 {
+            let until = clock.now_ns() + gap_ns;
+            while clock.now_ns_unordered() < until {}
+        }
         let t0 = clock.now_ns_unordered();
         ping.0.store(i, Ordering::Release);
         while pong.0.load(Ordering::Acquire) != i {
@@ -158,14 +167,15 @@ fn pingpong(args: &Args, iters: u64) {
             hist.record((clock.now_ns().saturating_sub(t0) / 2).max(1)).ok();
         }
     }
-    let avg = start.elapsed().as_nanos() as f64 / iters as f64 / 2.0;
+    // With a gap, the average is of the histogram (the wall time holds the gaps).
+    let avg = if gap_ns == 0 { start.elapsed().as_nanos() as f64 / iters as f64 / 2.0 } else { hist.mean() };
     t.join().expect("peer thread");
     let (min, p50, p99) = (hist.min(), hist.value_at_quantile(0.5), hist.value_at_quantile(0.99));
     if args.json {
-        println!("{{\"test\":\"pingpong\",\"iters\":{iters},\"min_ns\":{min},\"p50_ns\":{p50},\"p99_ns\":{p99},\"avg_ns\":{avg:.1}}}");
+        println!("{{\"test\":\"pingpong\",\"iters\":{iters},\"gap_ns\":{gap_ns},\"min_ns\":{min},\"p50_ns\":{p50},\"p99_ns\":{p99},\"avg_ns\":{avg:.1}}}");
     } else {
         println!(
-            "cache-line ping-pong, cores {}->{}: {iters} round trips, half round trip ns: min {min} p50 {p50} p99 {p99} avg {avg:.1}",
+            "cache-line ping-pong, cores {}->{}: {iters} round trips {gap_ns} ns apart, half round trip ns: min {min} p50 {p50} p99 {p99} avg {avg:.1}",
             args.core, args.peer_core
         );
     }
