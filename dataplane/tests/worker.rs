@@ -23,6 +23,20 @@ type Setup = (Arc<ShmContext>, ShmPd, ShmMr, BufferPool, Worker<Shm>, Arc<Contro
 /// The source's limits of most tests: 10,000 messages, unpaced.
 const TEN_THOUSAND: SourceLimits = SourceLimits { rate: 0, count: 10_000, duration_ns: 0 };
 
+/// A fabric of its own for `test` (32 MiB, no hugepages) with `count` 256-byte buffers in one
+/// registered region, the first at `off` bytes, a cache line boundary.
+fn small_pool(test: &str, count: usize) -> (ShmContext, ShmPd, ShmMr, BufferPool, usize) {
+    let name = format!("worker-{test}-{}", std::process::id());
+    let ctx = Shm::open(&ShmConfig { fabric: name, size: 32 << 20, huge: HugePolicy::Never }).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let size = 256usize;
+    let region = ctx.alloc_region(size * count + 64).unwrap();
+    let mr = pd.reg_mr(&region, 0, size * count + 64, AccessFlags::LOCAL_WRITE).unwrap();
+    let off = (64 - (mr.addr() % 64) as usize) % 64;
+    let pool = BufferPool::from_region(Arc::new(region), off, size, count).unwrap();
+    (ctx, pd, mr, pool, off)
+}
+
 fn setup(test: &str, core: Option<usize>) -> Setup {
     setup_with(test, core, false, TEN_THOUSAND)
 }
@@ -33,14 +47,8 @@ fn setup_with(test: &str, core: Option<usize>, dropper: bool, limits: SourceLimi
 
 /// [`setup_with`] on a given control block (several workers of one run share theirs).
 fn setup_on(test: &str, core: Option<usize>, dropper: bool, limits: SourceLimits, ctl: Arc<Control>) -> Setup {
-    let name = format!("worker-{test}-{}", std::process::id());
-    let ctx = Arc::new(Shm::open(&ShmConfig { fabric: name, size: 32 << 20, huge: HugePolicy::Never }).unwrap());
-    let pd = ctx.alloc_pd().unwrap();
-    let (size, count) = (256usize, 2048usize);
-    let region = ctx.alloc_region(size * count + 64).unwrap();
-    let mr = pd.reg_mr(&region, 0, size * count + 64, AccessFlags::LOCAL_WRITE).unwrap();
-    let off = (64 - (mr.addr() % 64) as usize) % 64;
-    let pool = BufferPool::from_region(Arc::new(region), off, size, count).unwrap();
+    let (ctx, pd, mr, pool, _) = small_pool(test, 2048);
+    let ctx = Arc::new(ctx);
     let params = WorkerParams {
         name: "w".into(),
         core,
@@ -206,14 +214,7 @@ fn a_refused_chain_returns_its_buffers_and_room() {
     use dataplane::worker::stats::WorkerStats;
     use dataplane::{Qp, QpInitAttr};
 
-    let name = format!("worker-refused-{}", std::process::id());
-    let ctx = Shm::open(&ShmConfig { fabric: name, size: 32 << 20, huge: HugePolicy::Never }).unwrap();
-    let pd = ctx.alloc_pd().unwrap();
-    let (size, count) = (256usize, 64usize);
-    let region = ctx.alloc_region(size * count + 64).unwrap();
-    let mr = pd.reg_mr(&region, 0, size * count + 64, AccessFlags::LOCAL_WRITE).unwrap();
-    let off = (64 - (mr.addr() % 64) as usize) % 64;
-    let pool = BufferPool::from_region(Arc::new(region), off, size, count).unwrap();
+    let (ctx, pd, mr, pool, _) = small_pool("refused", 64);
     let cq = ctx.create_cq(64).unwrap();
     let cap = QpCaps { max_send_wr: 16, max_recv_wr: 16, ..Default::default() };
     let attr = QpInitAttr::<Shm> { send_cq: &cq, recv_cq: &cq, srq: None, cap, qp_type: QpType::Rc, sq_sig_all: false };
@@ -246,14 +247,7 @@ fn a_batch_awaits_a_completion_only_for_a_posted_signaled_send() {
     use dataplane::worker::stats::WorkerStats;
     use dataplane::{Cq, Qp, QpInitAttr};
 
-    let name = format!("worker-awaits-{}", std::process::id());
-    let ctx = Shm::open(&ShmConfig { fabric: name, size: 32 << 20, huge: HugePolicy::Never }).unwrap();
-    let pd = ctx.alloc_pd().unwrap();
-    let (size, count) = (256usize, 64usize);
-    let region = ctx.alloc_region(size * count + 64).unwrap();
-    let mr = pd.reg_mr(&region, 0, size * count + 64, AccessFlags::LOCAL_WRITE).unwrap();
-    let off = (64 - (mr.addr() % 64) as usize) % 64;
-    let pool = BufferPool::from_region(Arc::new(region), off, size, count).unwrap();
+    let (ctx, pd, mr, pool, off) = small_pool("awaits", 64);
     let (mut scq, rcq) = (ctx.create_cq(64).unwrap(), ctx.create_cq(64).unwrap());
     let cap = QpCaps { max_send_wr: 16, max_recv_wr: 16, ..Default::default() };
     let mk = |cq| {
