@@ -23,6 +23,13 @@
 //! the time between messages costs (docs/benchmarks.md, session 37: on the development VM the
 //! round trip's median p50 over 9 runs grows from 763 ns at 1M msg/s to 921 ns at 100k and
 //! 1,043 ns at 10k, the same code path).
+//!
+//! PAUSE (fifth argument, ns, default 0): with a paced RATE, after a loop pair in which the
+//! sink received a message and none is in flight, spin on the clock for PAUSE ns without
+//! stepping. The gap between messages is then mostly spent outside the pipeline's code, so
+//! comparing PAUSE 0 with PAUSE close to the gap tells whether the idle loops themselves (what
+//! they train the branch predictors to, the lines they touch) slow the next message
+//! (session 38: they do not).
 
 use dataplane::mem::{BufferPool, HugePolicy};
 use dataplane::pipeline::{Clock, Echo, Sink, Source, SourceLimits, Target};
@@ -93,10 +100,18 @@ fn main() {
     // Bounded: a pipeline that stops moving ends the run with an error instead of hanging (a
     // paced one gets the loops of its run's length, at 10 ns a loop pair at the most).
     let paced_loops = messages.saturating_mul(100_000_000).checked_div(rate).unwrap_or(0);
+    let pause_ns: u64 = std::env::args().nth(5).and_then(|a| a.parse().ok()).unwrap_or(0);
+    // The sink's count at the last pause: one pause per message.
+    let mut seen = 0;
     while cstats.rx_msgs.get() < messages && steps < 100 * messages + 1_000_000 + paced_loops {
         client.step();
         server.step();
         steps += 1;
+        if pause_ns != 0 && cstats.rx_msgs.get() != seen && cstats.rx_msgs.get() == cstats.tx_msgs.get() {
+            seen = cstats.rx_msgs.get();
+            let t = std::time::Instant::now();
+            while t.elapsed().as_nanos() < pause_ns as u128 {}
+        }
     }
     // Let the last completions and the SRQ refills settle, so the loops counted below find
     // nothing at all to do: until a loop pair in which neither worker did any work (`step`

@@ -201,6 +201,11 @@ pub struct Args {
     /// --loopback: core for the server thread; -1 to not pin.
     #[arg(long = "peer-core", default_value_t = 1, allow_negative_numbers = true)]
     pub peer_core: i64,
+    /// Latency tests, client side: spin this many nanoseconds before each sample (on the
+    /// TSC, outside the sample), so each round trip starts after the path has not run for a
+    /// while, as a paced application's message does. 0: back to back, as perftest.
+    #[arg(long = "gap-ns", default_value_t = 0)]
+    pub gap_ns: u64,
     /// Seconds without a sign of life from the peer (or without progress) before giving up.
     #[arg(long = "peer-timeout", default_value_t = 5.0)]
     pub peer_timeout: f64,
@@ -234,6 +239,9 @@ impl Args {
     pub fn check(&mut self) -> Result<(), String> {
         if self.qps == 0 || self.post_list == 0 || self.cq_mod == 0 || self.tx_depth == 0 || self.rx_depth == 0 {
             return Err("-q, --post_list, --cq-mod, --tx-depth and --rx-depth must be at least 1".into());
+        }
+        if self.gap_ns != 0 && !self.test.is_lat() {
+            return Err(format!("--gap-ns {}: only latency tests pause between samples", self.gap_ns));
         }
         if self.qps > 1 && self.test.is_lat() {
             return Err(format!("-q {}: latency tests use one QP (as perftest's)", self.qps));

@@ -190,6 +190,10 @@ pub fn run_client<P: Provider>(
     // sample); the end is fenced behind the loads that saw the reply.
     let clock = Clock::new();
     for i in 0..iters {
+        if args.gap_ns != 0 {
+            let until = clock.now_ns() + args.gap_ns;
+            while clock.now_ns() < until {}
+        }
         let t0 = clock.now_ns_unordered();
         let sample = match test {
             Test::send_lat => {
