@@ -23,10 +23,10 @@ pub(crate) const SEND_CQ_IDLE_PERIOD: u64 = 64;
 
 impl<P: Provider> Worker<P> {
     /// Runs one loop iteration: poll send completions (freeing buffers) while a signaled
-    /// send awaits one (one loop in 64 otherwise), poll up to
-    /// `poll_burst` receives (no more than every send queue can take), run the sources, hand
-    /// messages to stages, post one chain per QP, refill the SRQ, count, idle if nothing
-    /// happened. Returns whether it did any work.
+    /// send awaits one (one loop in 64 otherwise), poll up to `poll_burst` receives (no more
+    /// than every send queue can take), run the sources, hand messages to stages, post one
+    /// chain per QP, refill the SRQ, count, idle if nothing happened. Returns whether it did
+    /// any work.
     #[inline]
     pub fn step(&mut self) -> bool {
         let stats = &*self.stats;
