@@ -471,15 +471,20 @@ impl Ring {
     /// receiver wrote long ago (a full ring of posted receives), so the next message does not
     /// wait for that cache line to cross cores on its critical path. A hint only: it reads
     /// nothing and cannot fault.
+    ///
+    /// Fetched for writing (PREFETCHW): the consumer always writes the cell (its release
+    /// stores the sequence), and a line fetched shared would need a second trip for
+    /// ownership when that store comes, before the message's next locked instruction (the
+    /// CQ claim) can go. CPUs without PREFETCHW run it as a NOP.
     #[inline]
     pub(crate) fn prefetch(&self, ahead: u64) {
         let pos = self.hdr().head.load(Ordering::Relaxed).wrapping_add(ahead);
         let (_, seq) = self.cell(pos);
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: a prefetch is a hint with no architectural effect; the address is a cell of
-        // this ring inside the mapped fabric.
+        // SAFETY: a prefetch is a hint with no architectural effect (no store, no fault); the
+        // address is a cell of this ring inside the mapped fabric.
         unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(seq as *const AtomicU64 as *const i8)
+            std::arch::asm!("prefetchw [{0}]", in(reg) seq as *const AtomicU64, options(nostack, preserves_flags, readonly));
         };
         #[cfg(not(target_arch = "x86_64"))]
         let _ = seq;
