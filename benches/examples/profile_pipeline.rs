@@ -83,7 +83,7 @@ fn main() {
     let ctl = Arc::new(Control::new());
     let clock = Clock::new();
     let (mut client, _client_mr) = worker("client", &ctx, &pd, &ctl, clock.clone());
-    let (mut server, _server_mr) = worker("server", &ctx, &pd, &ctl, clock);
+    let (mut server, _server_mr) = worker("server", &ctx, &pd, &ctl, clock.clone());
     let qp = |n: &str| QpParams { name: n.into(), min_rnr_timer: 1, max_inline: 64, ..QpParams::default() };
     let c = client.add_qp(&pd, qp("client-qp")).expect("qp");
     let s = server.add_qp(&pd, qp("server-qp")).expect("qp");
@@ -109,8 +109,7 @@ fn main() {
         steps += 1;
         if pause_ns != 0 && cstats.rx_msgs.get() != seen && cstats.rx_msgs.get() == cstats.tx_msgs.get() {
             seen = cstats.rx_msgs.get();
-            let t = std::time::Instant::now();
-            while t.elapsed().as_nanos() < pause_ns as u128 {}
+            clock.spin_for(pause_ns);
         }
     }
     // Let the last completions and the SRQ refills settle, so the loops counted below find

@@ -321,6 +321,20 @@ fn the_clock_counts_nanoseconds_since_its_base() {
     assert!(t2 < t1 + 1_000_000_000, "a clone keeps the base: {t2} ns vs {t1} ns");
 }
 
+/// `Clock::spin_for` waits at least what it is asked, on the clock and by `Instant`
+/// (within the counter's calibration error), and a zero wait returns at once.
+#[test]
+fn spin_for_waits_at_least_the_time_asked() {
+    let clock = Clock::new();
+    for ns in [0u64, 1_000, 200_000, 5_000_000] {
+        let (t0, start) = (clock.now_ns(), std::time::Instant::now());
+        clock.spin_for(ns);
+        let (on_clock, real) = (clock.now_ns() - t0, start.elapsed().as_nanos() as u64);
+        assert!(on_clock >= ns, "spin_for({ns}) returned after {on_clock} ns on the clock");
+        assert!(real + real / 1000 + 100 >= ns, "spin_for({ns}) returned after {real} ns by Instant");
+    }
+}
+
 /// A paced source keeps its schedule: never ahead of `due_at_rate` (its `Pacer` skips the
 /// check between due times), and, stepped without pause, not far behind it.
 #[test]

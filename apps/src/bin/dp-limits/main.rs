@@ -155,8 +155,7 @@ fn pingpong(args: &Args, iters: u64, gap_ns: u64) {
             start = Instant::now();
         }
         if gap_ns != 0 {
-            let until = clock.now_ns() + gap_ns;
-            while clock.now_ns_unordered() < until {}
+            clock.spin_for(gap_ns);
         }
         let t0 = clock.now_ns_unordered();
         ping.0.store(i, Ordering::Release);

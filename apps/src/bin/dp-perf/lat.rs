@@ -191,8 +191,7 @@ pub fn run_client<P: Provider>(
     let clock = Clock::new();
     for i in 0..iters {
         if args.gap_ns != 0 {
-            let until = clock.now_ns() + args.gap_ns;
-            while clock.now_ns() < until {}
+            clock.spin_for(args.gap_ns);
         }
         let t0 = clock.now_ns_unordered();
         let sample = match test {
