@@ -18,7 +18,7 @@ use super::exec::{place_taken, responder_failed, Sender};
 use super::fabric::Fabric;
 use super::layout::*;
 use super::msgq::{Delivered, Drain, MsgQueue, PAYLOAD_WORDS};
-use super::place::{copy_translated, recv_dst, write_translated_words, Seg};
+use super::place::{copy_translated, recv_dst, write_translated_words, Incoming, Seg};
 use super::qp_error::{after_error, mark_error, to_error};
 use super::recvq::{self, RecvEntry};
 use super::wire::{CqRing, RecvRing};
@@ -579,7 +579,7 @@ fn general(f: &Fabric, c: &mut DrainCache, m: &Msg) -> Got {
         None => return bad_ref(f, c, m),
     };
     let sender = Sender { qp_type: QpType::Rc, qpn: src_qpn, lid };
-    let status = match place_taken(f, sender, &c.entry, &d, &wr, &src, len as u64, &None, true, None) {
+    let status = match place_taken(f, sender, &c.entry, &d, Incoming::sent(&wr, &src, len as u64), None) {
         Ok(()) => WcStatus::Success,
         // More of the QP's requests are held (a run): they are flushed first, then its
         // queue (`flush_held`).

@@ -147,27 +147,14 @@ fn publish_held_now(f: &Fabric, held: &mut Held) {
     }
 }
 
-/// Delivers a message that consumes a receive request (SEND family, WRITE_WITH_IMM).
-/// `grh`: UD's 40-byte header area (`Some(bytes)` when a GRH is written, `Some(None)`-like
-/// skip when not global).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn deliver(
-    f: &Fabric,
-    st: Sender,
-    rx: &mut RecvEntry,
-    d: &DestView,
-    wr: &SendWr,
-    src: &[Seg],
-    total: u64,
-    grh: &Option<Option<[u8; GRH_LEN]>>,
-    place_data: bool,
-) -> Outcome {
+/// Delivers message `m`, which consumes a receive request (SEND family, WRITE_WITH_IMM).
+pub(crate) fn deliver(f: &Fabric, st: Sender, rx: &mut RecvEntry, d: &DestView, m: Incoming<'_>) -> Outcome {
     let reliable = st.qp_type.is_reliable();
     // Tag matching: a matched message lands headerless in its tagged buffer; anything else
     // continues below into a plain SRQ buffer, whole.
     let mut tm_view = None;
-    if let Some(tm) = d.srq.and_then(|s| s.tm).filter(|_| place_data) {
-        match tm_match(f, st, rx, d, &tm, src, total, wr.flags.contains(SendFlags::SOLICITED)) {
+    if let Some(tm) = d.srq.and_then(|s| s.tm).filter(|_| m.place_data) {
+        match tm_match(f, st, rx, d, &tm, m) {
             TmOutcome::Matched => return Outcome::Done(WcStatus::Success, 0),
             // As on the plain path below: the responder QP goes to ERROR, the requester gets
             // the remote status.
@@ -179,28 +166,23 @@ pub(crate) fn deliver(
     if !take_recv(f, d, rx) {
         return no_receive(f, d, reliable);
     }
-    Outcome::Done(deliver_taken(f, st, rx, d, wr, src, total, grh, place_data, tm_view.as_ref()), 0)
+    Outcome::Done(deliver_taken(f, st, rx, d, m, tm_view.as_ref()), 0)
 }
 
 /// The part of [`deliver`] after the receive request `rx` was taken: checks its buffers,
 /// places the message, writes the receiver's completion (an error one if the buffers do not
 /// fit) and returns the sender's status. `tm_view`: the tag-matching SRQ when the message is
 /// an unexpected tagged one.
-#[allow(clippy::too_many_arguments)]
 #[inline]
 pub(crate) fn deliver_taken(
     f: &Fabric,
     st: Sender,
     rx: &RecvEntry,
     d: &DestView,
-    wr: &SendWr,
-    src: &[Seg],
-    total: u64,
-    grh: &Option<Option<[u8; GRH_LEN]>>,
-    place_data: bool,
+    m: Incoming<'_>,
     tm_view: Option<&super::tm::TmView>,
 ) -> WcStatus {
-    match place_taken(f, st, rx, d, wr, src, total, grh, place_data, tm_view) {
+    match place_taken(f, st, rx, d, m, tm_view) {
         Ok(()) => WcStatus::Success,
         Err(remote) => responder_failed(f, d, st.qp_type.is_reliable(), remote),
     }
@@ -209,20 +191,16 @@ pub(crate) fn deliver_taken(
 /// [`deliver_taken`] up to the receiver's completion: `Err` carries the status a failed
 /// placement gives the requester, and the caller runs [`responder_failed`] (or, holding
 /// more of the QP's receive requests, defers its flush, `drain::general`).
-#[allow(clippy::too_many_arguments)]
 #[inline]
 pub(crate) fn place_taken(
     f: &Fabric,
     st: Sender,
     rx: &RecvEntry,
     d: &DestView,
-    wr: &SendWr,
-    src: &[Seg],
-    total: u64,
-    grh: &Option<Option<[u8; GRH_LEN]>>,
-    place_data: bool,
+    m: Incoming<'_>,
     tm_view: Option<&super::tm::TmView>,
 ) -> std::result::Result<(), WcStatus> {
+    let Incoming { wr, src, total, grh, place_data } = m;
     let mut wc = WorkCompletion {
         wr_id: rx.wr_id,
         opcode: if wr.opcode == WrOpcode::RdmaWriteWithImm { WcOpcode::RecvRdmaWithImm } else { WcOpcode::Recv },
@@ -257,11 +235,7 @@ pub(crate) fn place_taken(
     }
     // Nearly every receive request has one SGE: resolve it into a one-segment array rather
     // than zeroing room for MAX_SGE on every message.
-    let status = if rx.n <= 1 {
-        place::<1>(f, pd, rx, src, total, grh, place_data, &mut wc)
-    } else {
-        place::<MAX_SGE>(f, pd, rx, src, total, grh, place_data, &mut wc)
-    };
+    let status = if rx.n <= 1 { place::<1>(f, pd, rx, &m, &mut wc) } else { place::<MAX_SGE>(f, pd, rx, &m, &mut wc) };
     // One push for both outcomes: a single call site lets it inline, and the completion's
     // fields go straight into the CQ cell.
     if let Err((local, _)) = status {
@@ -302,7 +276,6 @@ pub(crate) enum TmOutcome {
 
 /// Matches a SEND against a tag-matching SRQ's list. Kept out of line: inlined, its buffers
 /// and header parsing made `deliver`'s frame several times larger for every plain message.
-#[allow(clippy::too_many_arguments)]
 #[inline(never)]
 pub(crate) fn tm_match(
     f: &Fabric,
@@ -310,10 +283,9 @@ pub(crate) fn tm_match(
     rx: &mut RecvEntry,
     d: &DestView,
     tm: &super::tm::TmView,
-    src: &[Seg],
-    total: u64,
-    solicited: bool,
+    m: Incoming<'_>,
 ) -> TmOutcome {
+    let (src, total, solicited) = (m.src, m.total, m.wr.flags.contains(SendFlags::SOLICITED));
     if total < TMH_LEN as u64 {
         return TmOutcome::NoTag;
     }
@@ -412,14 +384,14 @@ pub(crate) fn exec_wr(f: &Fabric, st: &mut SqState, wr: &SendWr, src: &[Seg], to
     // One-sided operations to a dead owner are unanswered requests (`lost`): RC retries,
     // finds the owner dead (`handle_block`) and completes with RETRY_EXC_ERR; UC drops them.
     match wr.opcode {
-        WrOpcode::Send | WrOpcode::SendWithImm => deliver(f, sender, &mut st.rx, d, wr, src, total, &None, true),
+        WrOpcode::Send | WrOpcode::SendWithImm => deliver(f, sender, &mut st.rx, d, Incoming::sent(wr, src, total)),
         WrOpcode::SendWithInv => {
             // The rkey must name a window of the responder's PD, else the responder rejects
             // the request before placing anything.
             if !mr_lookup(f, wr.imm_data).is_some_and(|m| m.window && m.pd == d.pd) {
                 return fail(WcStatus::RemInvReqErr);
             }
-            let out = deliver(f, sender, &mut st.rx, d, wr, src, total, &None, true);
+            let out = deliver(f, sender, &mut st.rx, d, Incoming::sent(wr, src, total));
             if matches!(out, Outcome::Done(WcStatus::Success, _)) {
                 super::mr::invalidate(f, d.pd, wr.imm_data);
             }
@@ -440,7 +412,8 @@ pub(crate) fn exec_wr(f: &Fabric, st: &mut SqState, wr: &SendWr, src: &[Seg], to
             }
             copy_sg(src, &[Seg { ptr: p, len: total as usize }], 0);
             if wr.opcode == WrOpcode::RdmaWriteWithImm {
-                return deliver(f, sender, &mut st.rx, d, wr, src, total, &None, false);
+                let m = Incoming { place_data: false, ..Incoming::sent(wr, src, total) };
+                return deliver(f, sender, &mut st.rx, d, m);
             }
             Outcome::Done(WcStatus::Success, 0)
         }
@@ -498,7 +471,7 @@ pub(crate) fn exec_ud(f: &Fabric, st: &mut SqState, wr: &SendWr, src: &[Seg], to
     let grh = global
         .then(|| grh_bytes(total, &gid(f.fabric_id(), st.lid), &gid(f.fabric_id(), (wr.ud.ah.0 & 0xffff) as u16)));
     let _ = d.lid;
-    deliver(f, sender, &mut st.rx, d, wr, src, total, &Some(grh), true)
+    deliver(f, sender, &mut st.rx, d, Incoming { grh: &Some(grh), ..Incoming::sent(wr, src, total) })
 }
 
 /// The largest RAW_PACKET frame: the port MTU plus Ethernet header, two VLAN tags.
@@ -544,7 +517,7 @@ pub(crate) fn switch_frame(f: &Fabric, st: &mut SqState, wr: &SendWr, key: &Fram
         if !state.receives() || d.qp_type != QpType::RawPacket {
             continue;
         }
-        let _ = deliver(f, sender, &mut st.rx, &d, wr, src, total, &None, true);
+        let _ = deliver(f, sender, &mut st.rx, &d, Incoming::sent(wr, src, total));
     }
 }
 
@@ -598,7 +571,7 @@ pub(crate) fn exec_mcast(f: &Fabric, st: &mut SqState, wr: &SendWr, src: &[Seg],
         if !state.receives() || d.qp_type != QpType::Ud || ds.qkey.load(Ordering::Relaxed) != qkey {
             continue;
         }
-        let _ = deliver(f, sender, &mut st.rx, d, wr, src, total, &Some(Some(grh)), true);
+        let _ = deliver(f, sender, &mut st.rx, d, Incoming { grh: &Some(Some(grh)), ..Incoming::sent(wr, src, total) });
     }
     st.mcast = Some(cache);
     done
@@ -617,7 +590,7 @@ pub(crate) fn deliver_taken_cold(
     src: *mut u8,
     len: usize,
 ) -> WcStatus {
-    deliver_taken(f, st, rx, d, wr, &[Seg { ptr: src, len }], len as u64, &None, true, None)
+    deliver_taken(f, st, rx, d, Incoming::sent(wr, &[Seg { ptr: src, len }], len as u64), None)
 }
 
 #[cfg(test)]

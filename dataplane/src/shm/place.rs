@@ -83,21 +83,41 @@ pub(crate) fn resolve_recv<const N: usize>(
     Some((rx.n, cap))
 }
 
-/// Checks the receive request's buffers and copies the message into them (UD: after the GRH
-/// area), setting `wc`'s byte count and GRH flag. On failure, the receiver's and the sender's
-/// status. `N` must be at least `rx.n`.
-#[allow(clippy::too_many_arguments)]
+/// A message as it reaches the receive request it consumes (`exec::deliver` and what
+/// follows it): the WR that carries it (opcode, immediate, flags), its bytes (`src`, `total`
+/// in all), UD's GRH area and whether the bytes land in the receive buffer.
+#[derive(Clone, Copy)]
+pub(crate) struct Incoming<'a> {
+    pub(crate) wr: &'a SendWr,
+    pub(crate) src: &'a [Seg],
+    pub(crate) total: u64,
+    /// UD's 40-byte header area: `Some(Some(bytes))` written (a global route), `Some(None)`
+    /// skipped; `None` on any other transport.
+    pub(crate) grh: &'a Option<Option<[u8; GRH_LEN]>>,
+    /// False for a WRITE_WITH_IMM, whose bytes went to the rkey's memory: the receive request
+    /// only completes (with the byte count).
+    pub(crate) place_data: bool,
+}
+
+impl<'a> Incoming<'a> {
+    /// The bytes of a SEND-family WR on a connected QP (no GRH area, placed).
+    pub(crate) fn sent(wr: &'a SendWr, src: &'a [Seg], total: u64) -> Incoming<'a> {
+        Incoming { wr, src, total, grh: &None, place_data: true }
+    }
+}
+
+/// Checks the receive request's buffers and copies the message `m` into them (UD: after the
+/// GRH area), setting `wc`'s byte count and GRH flag. On failure, the receiver's and the
+/// sender's status. `N` must be at least `rx.n`.
 #[inline]
 pub(crate) fn place<const N: usize>(
     f: &Fabric,
     pd: u32,
     rx: &RecvEntry,
-    src: &[Seg],
-    total: u64,
-    grh: &Option<Option<[u8; GRH_LEN]>>,
-    place_data: bool,
+    m: &Incoming<'_>,
     wc: &mut WorkCompletion,
 ) -> std::result::Result<(), (WcStatus, WcStatus)> {
+    let Incoming { src, total, grh, place_data, .. } = *m;
     let hdr = if grh.is_some() { GRH_LEN } else { 0 };
     let need = hdr as u64 + if place_data { total } else { 0 };
     let mut dst = [Seg::default(); N];
