@@ -187,6 +187,15 @@ pub trait Cq {
     ///
     /// Errors: `EIO` when the CQ overran and is in error.
     fn poll(&mut self, wc: &mut [WorkCompletion]) -> Result<usize>;
+    /// [`poll`](Self::poll) for a busy loop that polls many times for each completion it
+    /// finds (a worker's loop over its CQs and stages): same results and errors, but a
+    /// provider may answer an empty CQ more cheaply here, at a small cost to a poll that
+    /// finds something. A caller spinning on one CQ for the next completion (a latency
+    /// test) wants [`poll`](Self::poll), whose found path is the shorter. Defaults to it.
+    #[inline]
+    fn poll_busy(&mut self, wc: &mut [WorkCompletion]) -> Result<usize> {
+        self.poll(wc)
+    }
     /// Number of entries.
     fn depth(&self) -> u32;
     /// `ibv_req_notify_cq`: arm the CQ to signal its completion channel once, on the next

@@ -567,6 +567,15 @@ impl Ring {
         seq.store(pos.wrapping_add(1), Ordering::Release);
     }
 
+    /// Whether [`Ring::pop_single_tracked`] would find an entry now: the same two loads
+    /// (`head`, then its cell's sequence), nothing claimed or read. For the only consumer,
+    /// whose `head` no one else moves, so a true answer stays true until it pops.
+    #[inline(always)]
+    pub(crate) fn next_published(&self) -> bool {
+        let pos = self.hdr().head.load(Ordering::Relaxed);
+        self.cell(pos).1.load(Ordering::Acquire) == pos.wrapping_add(1)
+    }
+
     /// Head-tracked pop when this caller is the only consumer (the CQ's `&mut` poll).
     /// Always inlined: with the queue's drain as a second caller (`ShmCq::drain_into`), LLVM
     /// made it a call, +40 instructions per message at batch 1 (`profile_post_poll`).

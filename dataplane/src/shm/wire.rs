@@ -303,6 +303,13 @@ impl CqRing {
         })
     }
 
+    /// Whether [`CqRing::pop`] would find a completion now (the CQ's only consumer: see
+    /// [`Ring::next_published`]).
+    #[inline(always)]
+    pub(crate) fn has_next(&self) -> bool {
+        self.0.next_published()
+    }
+
     /// Polls the oldest completion into `wc` (the CQ's only consumer:
     /// [`Ring::pop_single_tracked`]); a [`CqeInline`]'s payload goes to `place` first (the
     /// receive buffer's fabric offset, the bytes' address in the cell, valid only during the

@@ -39,7 +39,7 @@ impl<P: Provider> Worker<P> {
         // signaled is in flight, but for one loop in SEND_CQ_IDLE_PERIOD.
         let mut scq_found = false;
         if self.scq_awaited || self.loops % SEND_CQ_IDLE_PERIOD == 0 {
-            let n = self.scq.poll(&mut self.wc).unwrap_or_else(|_| {
+            let n = self.scq.poll_busy(&mut self.wc).unwrap_or_else(|_| {
                 stats.errors.add(1);
                 0
             });
@@ -65,7 +65,7 @@ impl<P: Provider> Worker<P> {
         let stopping = self.ctl.stop_sources.load(Ordering::Relaxed);
         let budget = self.wc.len().min(self.queue.free() / self.fan);
         if budget > 0 {
-            let n = self.rcq.poll(&mut self.wc[..budget]).unwrap_or_else(|_| {
+            let n = self.rcq.poll_busy(&mut self.wc[..budget]).unwrap_or_else(|_| {
                 stats.errors.add(1);
                 0
             });
