@@ -100,7 +100,8 @@ pub(crate) struct Incoming<'a> {
 }
 
 impl<'a> Incoming<'a> {
-    /// The bytes of a SEND-family WR on a connected QP (no GRH area, placed).
+    /// `wr`'s bytes with no GRH area, placed in the receive buffer: a SEND on RC, UC or XRC,
+    /// a RAW_PACKET frame.
     pub(crate) fn sent(wr: &'a SendWr, src: &'a [Seg], total: u64) -> Incoming<'a> {
         Incoming { wr, src, total, grh: &None, place_data: true }
     }
