@@ -317,9 +317,9 @@ impl crate::provider::Cq for ShmCq {
     /// message queue (the two checks `poll`'s first pass makes, as cheaply), an empty poll
     /// is a few loads and `poll_empty`'s call instead of `poll`'s whole frame (a worker's
     /// idle loop 319 -> 247 instructions); a poll that finds something pays the check
-    /// again in `poll` (~20 instructions). Measured with `tools/bench-ab`: the echo
-    /// pipeline's latency 0.972x, `dp-perf send_lat`, had it polled this way, 1.014x
-    /// (docs/benchmarks.md, session 39).
+    /// again in `poll` (~20 instructions). Measured with `tools/bench-ab`, 11 rounds: the echo
+    /// pipeline's latency 0.957x and rate 1.047x; `dp-perf send_lat`, when `poll` itself
+    /// worked this way, 1.014x (docs/benchmarks.md, session 39).
     #[inline]
     fn poll_busy(&mut self, wc: &mut [WorkCompletion]) -> Result<usize> {
         let sh = &*self.shared;

@@ -567,13 +567,21 @@ impl Ring {
         seq.store(pos.wrapping_add(1), Ordering::Release);
     }
 
-    /// Whether [`Ring::pop_single_tracked`] would find an entry now: the same two loads
-    /// (`head`, then its cell's sequence), nothing claimed or read. For the only consumer,
-    /// whose `head` no one else moves, so a true answer stays true until it pops.
+    /// Whether [`Ring::pop_single_tracked`] would find an entry now: its own check, nothing
+    /// claimed or read. For the only consumer, whose `head` no one else moves, so a true
+    /// answer stays true until it pops.
     #[inline(always)]
     pub(crate) fn next_published(&self) -> bool {
-        let pos = self.hdr().head.load(Ordering::Relaxed);
-        self.cell(pos).1.load(Ordering::Acquire) == pos.wrapping_add(1)
+        self.published_head(self.hdr()).is_some()
+    }
+
+    /// The single consumer's `head` and its cell's payload, if that cell is published: two
+    /// loads (`head`, then the cell's sequence, Acquire so the payload reads come after).
+    #[inline(always)]
+    fn published_head(&self, hdr: &RingHeader) -> Option<(u64, *mut u8)> {
+        let pos = hdr.head.load(Ordering::Relaxed);
+        let (payload, seq) = self.cell(pos);
+        (seq.load(Ordering::Acquire) == pos.wrapping_add(1)).then_some((pos, payload))
     }
 
     /// Head-tracked pop when this caller is the only consumer (the CQ's `&mut` poll).
@@ -582,11 +590,9 @@ impl Ring {
     #[inline(always)]
     pub(crate) fn pop_single_tracked(&self, read: impl FnOnce(CellRef<'_>)) -> Pop {
         let hdr = self.hdr();
-        let pos = hdr.head.load(Ordering::Relaxed);
-        let (payload, seq) = self.cell(pos);
-        if seq.load(Ordering::Acquire) != pos.wrapping_add(1) {
+        let Some((pos, payload)) = self.published_head(hdr) else {
             return Pop::Empty;
-        }
+        };
         read(self.readable(payload));
         // Release: the payload reads above come before any producer reuses the cell.
         hdr.head.store(pos.wrapping_add(1), Ordering::Release);

@@ -655,24 +655,22 @@ fn poll_busy_returns_what_poll_returns() {
         c.push(SendWr::send(i).signaled(), &[p.a.sge(0, 8)]);
     }
     p.qa.post_send(&c).unwrap();
-    let mut got = Vec::new();
-    for _ in 0..1000 {
-        let n = p.b.rcq.poll_busy(&mut wc).unwrap();
-        got.extend(wc[..n].iter().map(|w| (w.wr_id, w.status, w.byte_len)));
-        if got.len() == 4 {
-            break;
+    // The sender delivered (or queued) everything before `post_send` returned: a bounded
+    // number of polls finds it all.
+    fn busy_n(cq: &mut CqOf<ShmHarness>, n: usize) -> Vec<WorkCompletion> {
+        let (mut got, mut wc) = (Vec::new(), [WorkCompletion::default(); 16]);
+        for _ in 0..1000 {
+            let k = cq.poll_busy(&mut wc).unwrap();
+            got.extend_from_slice(&wc[..k]);
+            if got.len() >= n {
+                break;
+            }
         }
+        got
     }
-    let want: Vec<_> = (100..104).map(|id| (id, WcStatus::Success, 8)).collect();
-    assert_eq!(got, want);
+    let got: Vec<_> = busy_n(&mut p.b.rcq, 4).iter().map(|w| (w.wr_id, w.status, w.byte_len)).collect();
+    assert_eq!(got, (100..104).map(|id| (id, WcStatus::Success, 8)).collect::<Vec<_>>());
     assert_eq!(p.b.rcq.poll_busy(&mut wc).unwrap(), 0, "all four taken");
-    let mut sent = Vec::new();
-    for _ in 0..1000 {
-        let n = p.a.scq.poll_busy(&mut wc).unwrap();
-        sent.extend(wc[..n].iter().map(|w| (w.wr_id, w.status)));
-        if sent.len() == 4 {
-            break;
-        }
-    }
+    let sent: Vec<_> = busy_n(&mut p.a.scq, 4).iter().map(|w| (w.wr_id, w.status)).collect();
     assert_eq!(sent, (1..5).map(|id| (id, WcStatus::Success)).collect::<Vec<_>>());
 }
