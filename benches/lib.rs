@@ -49,6 +49,11 @@ impl Loopback {
         Self::build(name, true, 8)
     }
 
+    /// [`Loopback::with_size`] and [`Loopback::with_srq`] at once.
+    pub fn with_size_srq(name: &str, size: u32, use_srq: bool) -> Loopback {
+        Self::build(name, use_srq, size.clamp(8, 64 << 10))
+    }
+
     fn build(name: &str, use_srq: bool, size: u32) -> Loopback {
         // The send buffer, then DEPTH receive slots of `size` (at least 64) bytes.
         let bytes = (size.max(64) as usize * (DEPTH as usize + 1)).next_power_of_two().max(1 << 20);
@@ -97,7 +102,8 @@ impl Loopback {
 }
 
 /// One round of `chain.len()` messages: post the chain (one doorbell), poll the receiver's
-/// completions, repost their buffers in one chain, poll the sender's completion.
+/// completions, repost their buffers in one chain (to the SRQ, if `b` has one), poll the
+/// sender's completion.
 pub fn round(lb: &mut Loopback, chain: &SendChain, rchain: &mut RecvChain, wc: &mut [WorkCompletion]) {
     lb.a.post_send(chain).expect("post_send");
     let mut got = 0;
@@ -110,7 +116,10 @@ pub fn round(lb: &mut Loopback, chain: &SendChain, rchain: &mut RecvChain, wc: &
         }
         got += n;
     }
-    lb.b.post_recv(rchain).expect("post_recv");
+    match lb.srq.as_mut() {
+        Some(s) => s.post_recv(rchain).expect("post_srq_recv"),
+        None => lb.b.post_recv(rchain).expect("post_recv"),
+    }
     while lb.acq.poll(&mut wc[..1]).expect("poll") == 0 {}
 }
 

@@ -42,6 +42,9 @@ pub fn fit(cfg: &Config, caps: &DeviceCaps, mtu: u32, device: &str) -> Result<Fi
     let mut fit = Fit::default();
     for (j, q) in cfg.qps.iter().enumerate() {
         over(format!("qps[{j}].send_depth"), &q.send_depth, "max_qp_wr", caps.max_qp_wr, "lower send_depth");
+        if !*q.use_srq {
+            over(format!("qps[{j}].recv_depth"), &q.recv_depth, "max_qp_wr", caps.max_qp_wr, "lower recv_depth");
+        }
         let inline = (*q.max_inline).min(caps.max_inline_data);
         if inline < *q.max_inline {
             fit.notes.push(format!(
@@ -107,20 +110,25 @@ pub fn shm_fabric_bytes(cfg: &Config) -> u64 {
     cfg.provider.fabric_size.bytes().saturating_add(pools).saturating_add(SHM_FABRIC_SLACK)
 }
 
-/// The least the fabric must hold for `cfg`: its tables, the pools' regions, and each worker's
-/// two CQs and SRQ (the QPs receive through the SRQ). A lower bound: a run may need a little
-/// more, never less.
+/// The least the fabric must hold for `cfg`: its tables, the pools' regions, each worker's
+/// two CQs (the receive CQ without a message queue: `Context::create_cq_sender_side`) and SRQ, and the receive queues of the QPs with one of their own (`use_srq =
+/// false`; UD and RAW_PACKET rings have twice the cells, as an SRQ's). A lower bound: a run
+/// may need a little more, never less.
 fn shm_fabric_need(cfg: &Config) -> u64 {
     let pools = cfg
         .memory
         .pools
         .iter()
         .map(|p| sizing::alloc_bytes(pool_region_bytes(p.buffer_size.bytes(), u64::from(*p.count))));
-    let queues = cfg
-        .workers
-        .iter()
-        .map(|w| (2 * sizing::cq_bytes(*w.cq_depth)).saturating_add(sizing::srq_bytes(*w.srq_depth, 1)));
-    pools.chain(queues).fold(sizing::tables_bytes(), u64::saturating_add)
+    let queues = cfg.workers.iter().map(|w| {
+        let cqs = sizing::cq_bytes(*w.cq_depth).saturating_add(sizing::cq_ring_bytes(*w.cq_depth));
+        cqs.saturating_add(sizing::srq_bytes(*w.srq_depth, 1))
+    });
+    let rqs = cfg.qps.iter().filter(|q| !*q.use_srq).map(|q| match *q.transport {
+        Transport::Rc => sizing::recv_queue_bytes(*q.recv_depth, 1),
+        Transport::Ud | Transport::RawPacket => sizing::srq_bytes(*q.recv_depth, 1),
+    });
+    pools.chain(queues).chain(rqs).fold(sizing::tables_bytes(), u64::saturating_add)
 }
 
 fn mib(bytes: u64) -> String {
@@ -148,7 +156,7 @@ pub fn check_shm(cfg: &Config) -> Result<(), String> {
             mib(size)
         );
         let hint = format!(
-            "set fabric_size = \"{}\" or more, or lower the workers' cq_depth and srq_depth (each CQ entry takes 192 bytes: its CQE and its message-queue cell)",
+            "set fabric_size = \"{}\" or more, or lower the workers' cq_depth and srq_depth (a worker's send CQ takes 192 bytes an entry, its CQE and its message-queue cell; its receive CQ 64, the CQE)",
             ByteSize(want)
         );
         let e = ConfigError::new(ErrorKind::Resource, &cfg.source, fs.span.clone(), "provider.fabric_size", msg)

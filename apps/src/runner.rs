@@ -370,9 +370,6 @@ fn build<P: Provider>(
     let mut qidx: HashMap<&str, (usize, usize)> = HashMap::new();
     for (j, q) in cfg.qps.iter().enumerate() {
         let name = q.name.as_str();
-        if !*q.use_srq {
-            return Err(format!("qp {name}: use_srq = false is not supported by the runtime yet"));
-        }
         let wi = *widx.get(q.worker.as_str()).ok_or_else(|| format!("qp {name}: no worker {}", *q.worker))?;
         let wcfg = &cfg.workers[wi];
         let params = QpParams {
@@ -390,6 +387,7 @@ fn build<P: Provider>(
             rnr_retry: *q.rnr_retry,
             retry_cnt: *q.retry_cnt,
             timeout: *q.timeout,
+            recv_depth: (!*q.use_srq).then_some(*q.recv_depth),
         };
         let i = workers[wi].add_qp(pd, params).map_err(|e| format!("qp {name}: {e}"))?;
         if let Some(gid) = q.mcast_gid() {

@@ -60,6 +60,14 @@ pub trait Context<P: Provider>: Send + Sync {
     /// Creates a CQ with at least `cqe` entries. Errors: `EINVAL` for 0 or more than
     /// `max_cqe`, `ENOMEM`.
     fn create_cq(&self, cqe: u32) -> Result<P::Cq>;
+    /// [`Context::create_cq`] for a receive CQ whose poller is as busy sending as receiving
+    /// (a pipeline worker's): where a provider can move the delivery of the messages that
+    /// complete here onto the poller (`shm`'s receiver-side delivery, which takes load off a
+    /// streaming sender), it leaves that work with the senders instead, since handing it to
+    /// a busy poller makes neither side faster. The same errors; the default is `create_cq`.
+    fn create_cq_sender_side(&self, cqe: u32) -> Result<P::Cq> {
+        self.create_cq(cqe)
+    }
     /// Allocates `len` bytes of memory this provider can register (shared with peer processes
     /// where the provider needs that). Errors: `ENOMEM`/`ENOSPC`.
     fn alloc_region(&self, len: usize) -> Result<P::Region>;
@@ -270,6 +278,26 @@ pub trait Qp {
     /// Errors, with `bad_wr`: `EINVAL` (QP in RESET, QP attached to an SRQ, too many SGEs,
     /// unknown lkey, SGE outside its MR, MR without LOCAL_WRITE); `ENOMEM` (queue full).
     fn post_recv(&mut self, chain: &RecvChain) -> std::result::Result<(), PostError>;
+    /// Posts one receive of one SGE per address in `addrs` on this QP's own receive queue:
+    /// `len` bytes of the MR `lkey` each, the address as its `wr_id` (what a replenisher
+    /// posts). Exactly [`Qp::post_recv`] of that chain: the same checks, errors and `bad_wr`
+    /// (the index in `addrs`), nothing after the first failure posted. The default builds the
+    /// chain in `scratch` (reused, so it allocates only while growing) and posts it; `shm`
+    /// skips the chain and checks the MR once for all the addresses, as
+    /// [`Srq::post_recv_buffers`] does.
+    fn post_recv_buffers(
+        &mut self,
+        addrs: &[u64],
+        len: u32,
+        lkey: u32,
+        scratch: &mut RecvChain,
+    ) -> std::result::Result<(), PostError> {
+        scratch.clear();
+        for &a in addrs {
+            scratch.push(crate::verbs::RecvWr::new(a), &[crate::verbs::Sge::new(a, len, lkey)]);
+        }
+        self.post_recv(scratch)
+    }
     /// Attaches this QP to the multicast group `gid` (MGID) / `lid` (MLID), as
     /// `ibv_attach_mcast(3)`: afterwards a UD send to the group delivers a copy here. A QP in
     /// any state may attach. Attaching to a group the QP is already in succeeds and it still

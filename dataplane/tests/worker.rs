@@ -2,7 +2,8 @@
 //! a worker run on its own thread until stopped returns every buffer; a send chain the QP
 //! refuses returns its buffers and send-queue room; the pipeline clock counts from its base;
 //! a batch awaits a completion only for a posted signaled send; a paced source keeps its
-//! schedule; a burst of receives is stamped once.
+//! schedule; a burst of receives is stamped once; QPs with receive queues of their own are
+//! kept filled.
 
 use dataplane::mem::{BufferPool, HugePolicy};
 use dataplane::pipeline::{
@@ -47,6 +48,19 @@ fn setup_with(test: &str, core: Option<usize>, dropper: bool, limits: SourceLimi
 
 /// [`setup_with`] on a given control block (several workers of one run share theirs).
 fn setup_on(test: &str, core: Option<usize>, dropper: bool, limits: SourceLimits, ctl: Arc<Control>) -> Setup {
+    setup_queues(test, core, dropper, limits, ctl, None)
+}
+
+/// [`setup_on`] with the QPs receiving through queues of their own of `recv_depth` buffers
+/// (`QpParams::recv_depth`; `None`: the worker's SRQ).
+fn setup_queues(
+    test: &str,
+    core: Option<usize>,
+    dropper: bool,
+    limits: SourceLimits,
+    ctl: Arc<Control>,
+    recv_depth: Option<u32>,
+) -> Setup {
     let (ctx, pd, mr, pool, _) = small_pool(test, 2048);
     let ctx = Arc::new(ctx);
     let params = WorkerParams {
@@ -72,6 +86,7 @@ fn setup_on(test: &str, core: Option<usize>, dropper: bool, limits: SourceLimits
         rnr_retry: 7,
         retry_cnt: 7,
         timeout: 14,
+        recv_depth,
         ..QpParams::default()
     };
     let a = w.add_qp(&pd, qp("a")).unwrap();
@@ -201,6 +216,28 @@ fn a_worker_thread_runs_until_stopped_and_returns_every_buffer() {
     assert_eq!(sink.report.gaps, 0);
     assert_eq!(r.qps.iter().map(|q| q.doorbells).sum::<u64>(), r.doorbells);
     assert!(r.doorbells < r.tx_msgs, "sends are batched ({} doorbells for {} msgs)", r.doorbells, r.tx_msgs);
+    assert_eq!(pool.outstanding(), 0, "no buffer leaked");
+}
+
+/// QPs with receive queues of their own (`use_srq = false`): the worker posts their buffers
+/// when it adds them and leaves its SRQ empty while no QP uses it (the pool is sized for the
+/// queues in use), then refills each queue as it drains. 10,000 messages through 64-buffer
+/// queues need ~150 refills of each: without them the sender would wait on RNR and the sink
+/// would fall short. Every buffer comes back at the end. A QP added later on the SRQ fills
+/// it then.
+#[test]
+fn own_receive_queues_carry_the_traffic_and_return_every_buffer() {
+    let ctl = Arc::new(Control::new());
+    let (_ctx, pd, _mr, pool, mut w, _) = setup_queues("own-rq", None, false, TEN_THOUSAND, ctl.clone(), Some(64));
+    let stats = w.stats();
+    assert_eq!(stats.srq_posted.get(), 128, "posted: 64 per QP, none on the unused SRQ");
+    let c = w.add_qp(&pd, QpParams { name: "c".into(), ..QpParams::default() }).unwrap();
+    assert_eq!(stats.srq_posted.get(), 128 + 256, "the first QP on the SRQ filled it (srq_depth 256)");
+    let r = run_until(w, &ctl, 20_000);
+    let sink = r.stages.iter().find(|s| s.name == "sink").unwrap();
+    assert_eq!((sink.msgs_in, sink.report.gaps), (10_000, 0), "{:?}", r.qps);
+    assert!(r.srq_refills > 100, "{} refills for 20,000 receives through 64-buffer queues", r.srq_refills);
+    assert_eq!((r.qps[c].rx_msgs, r.errors), (0, 0), "{:?}", r.qps);
     assert_eq!(pool.outstanding(), 0, "no buffer leaked");
 }
 

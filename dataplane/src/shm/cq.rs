@@ -28,13 +28,18 @@ pub struct ShmCq {
 
 impl ShmCq {
     pub(crate) fn create(ctx: &Arc<CtxInner>, cqe: u32) -> Result<ShmCq> {
-        Self::create_with(ctx, cqe, None)
+        Self::create_with(ctx, cqe, None, true)
     }
 
+    /// A CQ of at least `cqe` entries, notifying `channel`; `queue`: with the message queue
+    /// of receiver-side delivery (when `drain::Mode` has one and there is no channel), else
+    /// without it, so that every SEND completing here is delivered by its sender
+    /// (`Context::create_cq_sender_side`).
     pub(crate) fn create_with(
         ctx: &Arc<CtxInner>,
         cqe: u32,
         channel: Option<&super::channel::ShmCompChannel>,
+        queue: bool,
     ) -> Result<ShmCq> {
         let max = ctx.caps.max_cqe;
         if cqe == 0 || cqe > max {
@@ -57,7 +62,7 @@ impl ShmCq {
         };
         // A message queue for receiver-side delivery (`drain::Mode`; not with a channel, whose
         // waiters would have to drain it). As many cells as the CQ has entries.
-        let mq_range = if drain::mode() != drain::Mode::Off && channel.is_none() {
+        let mq_range = if queue && drain::mode() != drain::Mode::Off && channel.is_none() {
             let len = MsgQueue::bytes(cap.max(2)) as u64;
             match f.alloc(len) {
                 Ok(off) => (off, len),

@@ -6,6 +6,7 @@
 //! same QP) is polled, so selective signaling fills the queue exactly as on a real NIC.
 
 use super::complete::CqShared;
+use super::fabric::Fabric;
 use super::layout::*;
 use super::mr::PdInner;
 use super::qp_error::{flush_rq, to_error};
@@ -507,6 +508,29 @@ impl crate::provider::Qp for ShmQp {
     }
 
     fn post_recv(&mut self, chain: &RecvChain) -> std::result::Result<(), PostError> {
+        self.post_to_rq(|f, rq, bound, pd, max_sge| recvq::post(f, rq, bound, pd, max_sge, chain))
+    }
+
+    fn post_recv_buffers(
+        &mut self,
+        addrs: &[u64],
+        len: u32,
+        lkey: u32,
+        _scratch: &mut RecvChain,
+    ) -> std::result::Result<(), PostError> {
+        self.post_to_rq(|f, rq, bound, pd, max_sge| recvq::post_buffers(f, rq, bound, pd, max_sge, addrs, len, lkey))
+    }
+}
+
+impl ShmQp {
+    /// `post_recv`'s checks of the QP (it has a receive queue of its own and is out of
+    /// RESET), then `post` into that queue, then the flush of what it posted if the QP is in
+    /// ERROR (or went there meanwhile).
+    #[inline]
+    fn post_to_rq(
+        &mut self,
+        post: impl FnOnce(&Fabric, &RecvRing, &mut recvq::RecvBound, u32, u32) -> std::result::Result<(), PostError>,
+    ) -> std::result::Result<(), PostError> {
         let Some((rq, _, _)) = &self.rq else {
             let why = if self.qp_type.is_xrc() {
                 "an XRC QP has no receive queue: post receives to the XRC SRQ"
@@ -515,20 +539,18 @@ impl crate::provider::Qp for ShmQp {
             };
             return Err(PostError::new(Errno::EINVAL, 0, why));
         };
-        let state = self.state();
+        let state = crate::provider::Qp::state(self);
         if !state.accepts_post_recv() {
             return Err(PostError::new(Errno::EINVAL, 0, "QP is in RESET"));
         }
         let f = &self.pd.ctx.fabric;
-        recvq::post(f, rq, &mut self.rq_bound, self.pd.pdn, self.caps.max_recv_sge, chain)?;
-        if state == QpState::Error || self.state() == QpState::Error {
+        post(f, rq, &mut self.rq_bound, self.pd.pdn, self.caps.max_recv_sge)?;
+        if state == QpState::Error || crate::provider::Qp::state(self) == QpState::Error {
             flush_rq(f, self.slot(), self.qpn);
         }
         Ok(())
     }
-}
 
-impl ShmQp {
     /// Retries this QP's send queue has made (after RNR NAKs or an unresponsive target).
     pub fn retries(&self) -> u64 {
         self.sq.lock().retries

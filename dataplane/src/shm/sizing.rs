@@ -33,8 +33,14 @@ pub fn alloc_bytes(len: u64) -> u64 {
 /// receiver-side delivery, a 128-byte cell per entry (`shm::msgq`).
 pub fn cq_bytes(cqe: u32) -> u64 {
     let cap = u64::from(cqe).next_power_of_two() as usize;
-    let ring = alloc_bytes(Ring::bytes(cap, CQE_STRIDE) as u64);
-    ring.saturating_add(alloc_bytes(MsgQueue::bytes(cap.max(2)) as u64))
+    cq_ring_bytes(cqe).saturating_add(alloc_bytes(MsgQueue::bytes(cap.max(2)) as u64))
+}
+
+/// Fabric bytes of a CQ of `cqe` entries without a message queue: its ring of 64-byte CQEs
+/// alone (a runtime worker's receive CQ, `Context::create_cq_sender_side`).
+pub fn cq_ring_bytes(cqe: u32) -> u64 {
+    let cap = u64::from(cqe).next_power_of_two() as usize;
+    alloc_bytes(Ring::bytes(cap, CQE_STRIDE) as u64)
 }
 
 /// Fabric bytes of the ring of a QP's own receive queue of `max_wr` entries with `max_sge`
@@ -88,5 +94,9 @@ mod tests {
             }
         }
         drop(cqs);
+        let before = bump();
+        let cq = ctx.create_cq_sender_side(1000).unwrap();
+        assert_eq!(bump() - before, cq_ring_bytes(1000), "a CQ without a queue");
+        drop(cq);
     }
 }

@@ -1,7 +1,8 @@
 //! The pinned busy-poll worker.
 //!
 //! A [`Worker`] owns a send CQ and a receive CQ, one SRQ ([`srq::Replenisher`]), its QPs
-//! (each with a [`batch::SendBatch`]), a [`PoolCache`] and its stages. [`Worker::run`] pins
+//! (each with a [`batch::SendBatch`], and receiving through the SRQ or a receive queue of its
+//! own, both filled through [`srq::RecvBuffers`]), a [`PoolCache`] and its stages. [`Worker::run`] pins
 //! the thread with `core_affinity` (a failed pin is an error) and loops ([`Worker::step`],
 //! in `poll.rs`) until the [`Control`] says stop, then tears down: QPs to ERROR, CQs drained,
 //! every buffer back to the pool.
@@ -25,7 +26,7 @@ use crate::verbs::{
 };
 use batch::SendBatch;
 use idle::{Idle, IdleKind};
-use srq::Replenisher;
+use srq::{Level, RecvBuffers, Replenisher};
 use stats::{
     CounterBlock, LatencyBuckets, QpCounters, Slot, StageShape, StageStats, StatsShape, WorkerCounters, WorkerSlots,
     WorkerStats,
@@ -172,6 +173,12 @@ pub struct QpParams {
     /// Sends of at most this many bytes are posted INLINE (0: never). Must not exceed the
     /// device's `max_inline_data` (the runner clamps it).
     pub max_inline: u32,
+    /// `None`: the QP receives through the worker's SRQ. `Some(n)`: through a receive queue
+    /// of its own, kept at `n` posted buffers (topped up in batches of the pool cache's, as
+    /// the SRQ is). One QP per worker gains nothing from sharing, and on `shm` an RC QP with
+    /// its own queue takes receiver-side delivery for its peer's post lists
+    /// (docs/shm-provider.md), which SRQ targets do not.
+    pub recv_depth: Option<u32>,
 }
 
 impl Default for QpParams {
@@ -188,6 +195,7 @@ impl Default for QpParams {
             retry_cnt: 7,
             timeout: 14,
             max_inline: 0,
+            recv_depth: None,
         }
     }
 }
@@ -299,6 +307,12 @@ pub struct Worker<P: Provider> {
     pub(crate) scq_awaited: bool,
     pub(crate) rcq: P::Cq,
     pub(crate) srq: Replenisher<P::Srq>,
+    /// Every receive buffer the worker has posted, on the SRQ or a QP's own queue.
+    pub(crate) recv: RecvBuffers,
+    /// Each QP's own receive queue's level (`None`: it receives through the SRQ).
+    pub(crate) rq_levels: Vec<Option<Level>>,
+    /// The QPs with a receive queue of their own (the refill loop's list).
+    pub(crate) rq_qps: Vec<u16>,
     pub(crate) batches: Vec<SendBatch<P::Qp>>,
     pub(crate) qp_params: Vec<QpParams>,
     pub(crate) qp_nums: Vec<u32>,
@@ -353,14 +367,17 @@ impl<P: Provider> Worker<P> {
             ));
         }
         let scq = ctx.create_cq(p.cq_depth)?;
-        let rcq = ctx.create_cq(p.cq_depth)?;
+        // Sender-side delivery into the receive CQ: the worker's peers are workers too, each
+        // as busy sending as receiving (`Context::create_cq_sender_side`).
+        let rcq = ctx.create_cq_sender_side(p.cq_depth)?;
         let srq = pd.create_srq(&SrqAttr { max_wr: p.srq_depth, max_sge: 1, srq_limit: 0 })?;
-        let mut cache = pool.cache(p.cache_size as usize);
+        let cache = pool.cache(p.cache_size as usize);
         let stats = WorkerStats::new();
-        let mut srq = Replenisher::new(srq, p.srq_depth, p.srq_low_watermark, p.recv_buffer_size, lkey, &pool);
+        // Filled when the first QP that receives through it is added (`add_qp`).
+        let mut srq = Replenisher::new(srq, p.srq_depth, p.srq_low_watermark);
         // Top up in the cache's batches (not below 32 buffers per post): see `set_top_up`.
         srq.set_top_up(cache.batch().max(32) as u32);
-        srq.refill(&mut cache, &stats);
+        let recv = RecvBuffers::new(p.recv_buffer_size, lkey, &pool, p.srq_depth);
         let burst = p.poll_burst.max(1) as usize;
         Ok(Worker {
             idle: Idle::new(p.idle, p.spin_count),
@@ -373,6 +390,9 @@ impl<P: Provider> Worker<P> {
             scq_awaited: true,
             rcq,
             srq,
+            recv,
+            rq_levels: Vec::new(),
+            rq_qps: Vec::new(),
             batches: Vec::new(),
             qp_params: Vec::new(),
             qp_nums: Vec::new(),
@@ -460,7 +480,8 @@ impl<P: Provider> Worker<P> {
         Ok(())
     }
 
-    /// Creates a QP on the worker's CQs and SRQ; returns its index. An RC QP is left in
+    /// Creates a QP on the worker's CQs, receiving through the SRQ or (`qp.recv_depth`) a
+    /// receive queue of its own, which is filled here; returns its index. An RC QP is left in
     /// INIT until [`connect`](Self::connect_to); a UD QP is brought to RTS at once (it
     /// receives from anyone) and gets its destination from [`connect_to`](Self::connect_to);
     /// a RAW_PACKET QP is brought to RTS on port `qp.port` with one steering rule that
@@ -473,12 +494,23 @@ impl<P: Provider> Worker<P> {
                 format!("qp {}: the runtime uses RC, UD and RAW_PACKET QPs only", qp.name),
             ));
         }
-        let cap =
-            QpCaps { max_send_wr: qp.send_depth, max_recv_wr: 0, max_inline_data: qp.max_inline, ..Default::default() };
+        if qp.recv_depth == Some(0) {
+            return Err(Error::new(
+                Errno::EINVAL,
+                format!("qp {}: a receive queue of its own needs recv_depth >= 1", qp.name),
+            ));
+        }
+        let cap = QpCaps {
+            max_send_wr: qp.send_depth,
+            max_recv_wr: qp.recv_depth.unwrap_or(0),
+            max_recv_sge: u32::from(qp.recv_depth.is_some()),
+            max_inline_data: qp.max_inline,
+            ..Default::default()
+        };
         let attr = QpInitAttr::<P> {
             send_cq: &self.scq,
             recv_cq: &self.rcq,
-            srq: Some(&self.srq.srq),
+            srq: if qp.recv_depth.is_some() { None } else { Some(&self.srq.srq) },
             cap,
             qp_type: qp.transport,
             sq_sig_all: false,
@@ -497,6 +529,27 @@ impl<P: Provider> Worker<P> {
             _ => q.bring_up_to_init(&opts)?,
         }
         let depth = q.caps().max_send_wr.min(qp.send_depth).max(1);
+        // Receive buffers, before any peer can send: the QP's own queue (RC waits in INIT,
+        // where posting receives is allowed), or the SRQ if it is the first QP using it.
+        let level = match qp.recv_depth {
+            Some(n) => {
+                let mut level = Level::new(n, n / 2);
+                level.set_top_up(self.cache.batch().max(32) as u32);
+                self.recv.reserve(n);
+                self.recv
+                    .refill(&mut level, &mut self.cache, &self.stats, |a, len, lkey, c| {
+                        q.post_recv_buffers(a, len, lkey, c)
+                    })
+                    .map_err(|e| Error::new(e.errno, format!("qp {}: posting its receive buffers: {e}", qp.name)))?;
+                self.rq_qps.push(self.batches.len() as u16);
+                Some(level)
+            }
+            None => {
+                self.srq.activate(&mut self.recv, &mut self.cache, &self.stats);
+                None
+            }
+        };
+        self.rq_levels.push(level);
         self.qp_nums.push(q.qp_num());
         self.qp_rx_off.push(if ud { GRH_LEN as u16 } else { 0 });
         self.qp_stage.push(None);
@@ -698,7 +751,7 @@ impl<P: Provider> Worker<P> {
             any |= n > 0;
             let n = self.rcq.poll(&mut self.wc).unwrap_or(0);
             for wc in &self.wc[..n] {
-                if let Some(buf) = self.srq.take(wc.wr_id) {
+                if let Some(buf) = self.recv.take(wc.wr_id) {
                     let _ = self.cache.put(buf);
                 }
             }
@@ -708,7 +761,7 @@ impl<P: Provider> Worker<P> {
         for b in &mut self.batches {
             b.release_all(&mut self.cache);
         }
-        self.srq.release_all(&mut self.cache);
+        self.recv.release_all(&mut self.cache);
         while let Some((_, m)) = self.queue.pop() {
             let _ = self.cache.put(m.buf);
         }

@@ -4,7 +4,7 @@ use super::stats::{LatencyBuckets, StageCounters};
 use super::{StageSlot, Worker};
 use crate::mem::{BufferPool, PoolCache};
 use crate::pipeline::{Clock, Handler, LocalQueue, Msg, StageCx, Target};
-use crate::provider::{Context, Cq, Provider};
+use crate::provider::{Context, Cq, Provider, Qp};
 use crate::verbs::{AsyncEventKind, WcStatus};
 use std::cell::Cell;
 use std::sync::atomic::Ordering;
@@ -73,17 +73,27 @@ impl<P: Provider> Worker<P> {
             // Summed over the burst and added once: a counter update is a load and a store to
             // memory another process may map, not worth doing per message.
             let (mut rx_msgs, mut rx_bytes) = (0u64, 0u64);
+            let (own_rqs, mut srq_taken) = (!self.rq_qps.is_empty(), 0u32);
             // The stage handling the current run of receives and its context, built once per
             // run rather than once per message (a burst usually feeds one stage).
             let (stages, cache, queue) = (&mut self.stages, &mut self.cache, &mut self.queue);
             let mut cur: Option<(u16, &mut dyn Handler, StageCx<'_>)> = None;
             for i in 0..n {
                 let wc = self.wc[i];
-                let Some(buf) = self.srq.take(wc.wr_id) else {
+                let Some(buf) = self.recv.take(wc.wr_id) else {
                     stats.errors.add(1);
                     continue;
                 };
                 let q = self.qp_nums.iter().position(|&q| q == wc.qp_num);
+                // The queue the buffer left: the SRQ, or the QP's own (looked up only when
+                // some QP has one).
+                srq_taken += 1;
+                if own_rqs {
+                    if let Some(level) = q.and_then(|q| self.rq_levels[q].as_mut()) {
+                        level.received();
+                        srq_taken -= 1;
+                    }
+                }
                 let stage = q.and_then(|q| self.qp_stage[q]);
                 // UD receives start with the 40-byte GRH area, which is not payload.
                 let off = q.map_or(0, |q| self.qp_rx_off[q]);
@@ -122,6 +132,7 @@ impl<P: Provider> Worker<P> {
             }
             stats.rx_msgs.add(rx_msgs);
             stats.rx_bytes.add(rx_bytes);
+            self.srq.received(srq_taken);
             work += n;
         }
         // Messages handed on below (some made by the sources) are a new burst.
@@ -179,7 +190,8 @@ impl<P: Provider> Worker<P> {
         }
         self.scq_awaited = awaited;
 
-        // 7. SRQ: refill below the watermark, or when its limit event fired.
+        // 7. SRQ: refill below the watermark, or when its limit event fired; own receive
+        // queues below theirs.
         self.loops += 1;
         if self.loops % EVENT_PERIOD == 0 {
             while let Some(ev) = self.ctx.poll_async_event() {
@@ -192,11 +204,15 @@ impl<P: Provider> Worker<P> {
                 self.srq.on_limit_event();
             }
         }
-        if self.srq.maybe_refill(&mut self.cache, stats) {
+        if self.srq.maybe_refill(&mut self.recv, &mut self.cache, stats) {
             work += 1;
+        }
+        if !self.rq_qps.is_empty() {
+            work += self.refill_own_queues();
         }
 
         // 8. Count; idle if nothing happened.
+        let stats = &*self.stats;
         stats.loops.add(1);
         if work > 0 {
             stats.busy_loops.add(1);
@@ -207,6 +223,26 @@ impl<P: Provider> Worker<P> {
             self.idle.idle();
             false
         }
+    }
+}
+
+impl<P: Provider> Worker<P> {
+    /// Step 7 for the QPs with a receive queue of their own: each below its watermark or a
+    /// top-up batch short is refilled through its QP (out of line: most workers have none).
+    /// Returns the refills made.
+    #[inline(never)]
+    fn refill_own_queues(&mut self) -> usize {
+        let stats = &*self.stats;
+        let mut work = 0;
+        for &q in &self.rq_qps {
+            let Some(level) = self.rq_levels[q as usize].as_mut().filter(|l| l.due()) else { continue };
+            let qp = &mut self.batches[q as usize].qp;
+            let res = self
+                .recv
+                .refill(level, &mut self.cache, stats, |a, len, lkey, c| qp.post_recv_buffers(a, len, lkey, c));
+            work += usize::from(res != Ok(0));
+        }
+        work
     }
 }
 

@@ -1,62 +1,38 @@
-//! The SRQ replenisher: keeps the worker's shared receive queue between its low watermark
-//! and its depth, refilling it with one [`Srq::post_recv_buffers`] call (one doorbell: a
-//! chained `post_srq_recv` on providers without a faster way, one ring write on `shm`).
+//! Receive buffers: the worker's SRQ and the QPs' own receive queues kept filled.
 //!
-//! A posted buffer's `wr_id` is its address, so a receive completion maps back to its buffer
-//! ([`BufferPool::index_of_addr`]). A bitmap of the buffers posted lets shutdown return the
-//! ones still sitting in the SRQ (an SRQ is not flushed when its QPs enter ERROR).
+//! Each receive queue has a [`Level`] (how many buffers it should hold, and when to top it
+//! up); [`RecvBuffers`] posts buffers from the worker's [`PoolCache`] to any of them with one
+//! call (one doorbell: a chained post on providers without a faster way, one ring write on
+//! `shm`) and keeps the bookkeeping common to all: a posted buffer's `wr_id` is its address,
+//! so a receive completion maps back to its buffer ([`BufferPool::index_of_addr`]), and a
+//! bitmap of the buffers posted lets shutdown return the ones still sitting in a queue (an
+//! SRQ is not flushed when its QPs enter ERROR). The [`Replenisher`] is the SRQ's level, its
+//! limit event and the SRQ itself; a QP's own receive queue is posted through its QP.
 
 use super::stats::WorkerCounters;
 use crate::mem::{Buf, BufferPool, PoolCache};
 use crate::provider::Srq;
-use crate::verbs::{RecvChain, SrqAttr, SrqAttrMask};
+use crate::verbs::{PostError, RecvChain, SrqAttr, SrqAttrMask};
 
-/// Keeps one SRQ filled.
-pub struct Replenisher<S: Srq> {
-    pub(crate) srq: S,
-    /// Scratch for providers that post a refill as a chain ([`Srq::post_recv_buffers`]).
-    chain: RecvChain,
-    /// The addresses of the buffers of a refill, posted in one call.
-    addrs: Vec<u64>,
-    /// The buffers of `addrs`, in order (so the bookkeeping after the post need not map each
-    /// `wr_id` back to its buffer).
-    bufs: Vec<Buf>,
+/// How full one receive queue is kept: `depth` buffers, refilled below `low` or as soon as
+/// a top-up batch is missing ([`Level::set_top_up`]).
+#[derive(Debug, Clone)]
+pub struct Level {
     depth: u32,
     low: u32,
-    /// Missing buffers that trigger a top-up before the low watermark ([`Self::set_top_up`]).
+    /// Missing buffers that trigger a top-up before the low watermark.
     top_up: u32,
     posted: u32,
-    buf_len: u32,
-    lkey: u32,
-    pool: BufferPool,
-    /// One bit per pool buffer: set while posted on this SRQ.
-    bits: Vec<u64>,
-    /// Set by the SRQ limit event; cleared by the refill it triggers.
-    limit_hit: bool,
 }
 
-impl<S: Srq> Replenisher<S> {
-    /// A replenisher of `srq` holding `depth` buffers of `buf_len` bytes, refilled below
-    /// `low`.
-    pub fn new(srq: S, depth: u32, low: u32, buf_len: u32, lkey: u32, pool: &BufferPool) -> Self {
-        Replenisher {
-            srq,
-            chain: RecvChain::with_capacity(depth as usize, depth as usize),
-            addrs: Vec::with_capacity(depth as usize),
-            bufs: Vec::with_capacity(depth as usize),
-            depth,
-            low: low.min(depth.saturating_sub(1)),
-            top_up: depth - low.min(depth.saturating_sub(1)) + 1,
-            posted: 0,
-            buf_len,
-            lkey,
-            bits: vec![0; pool.count().div_ceil(64)],
-            pool: pool.clone(),
-            limit_hit: false,
-        }
+impl Level {
+    /// A queue of `depth` buffers, refilled below `low` (at most `depth - 1`).
+    pub fn new(depth: u32, low: u32) -> Level {
+        let low = low.min(depth.saturating_sub(1));
+        Level { depth, low, top_up: depth - low + 1, posted: 0 }
     }
 
-    /// Tops the SRQ up as soon as `n` buffers are missing (at least 1; at most
+    /// Tops the queue up as soon as `n` buffers are missing (at least 1; at most
     /// `depth - low + 1`, the default: refill only below the watermark).
     ///
     /// Why: a refill takes its buffers from the worker's [`PoolCache`], and the receives
@@ -64,38 +40,74 @@ impl<S: Srq> Replenisher<S> {
     /// the way back and pulls from the shared ring on the way out, so every buffer crosses
     /// the pool's ring (the echo pipeline: 768-buffer refills through a 256-buffer cache,
     /// ~130 instructions per echoed message in the ring). Topping up in cache-sized batches
-    /// keeps the buffers in the cache, and keeps the SRQ fuller.
+    /// keeps the buffers in the cache, and keeps the queue fuller.
     pub fn set_top_up(&mut self, n: u32) {
         self.top_up = n.clamp(1, self.depth - self.low + 1);
     }
 
-    /// Receives currently posted.
+    /// Buffers currently posted.
     pub fn posted(&self) -> u32 {
         self.posted
     }
 
-    /// The SRQ number (to match limit events).
-    pub fn srq_num(&self) -> u32 {
-        self.srq.srq_num()
+    /// One posted buffer was received (or flushed).
+    #[inline]
+    pub fn received(&mut self) {
+        self.posted = self.posted.saturating_sub(1);
     }
 
-    /// Arms the SRQ limit event at the low watermark (`ibv_modify_srq`); the event is a
-    /// second trigger next to the worker's own count.
-    pub fn arm(&mut self) {
-        if self.low > 0 {
-            let attr = SrqAttr { max_wr: self.depth, max_sge: 1, srq_limit: self.low };
-            // Providers without limit events still work: the count below is the primary trigger.
-            let _ = self.srq.modify(&attr, SrqAttrMask::LIMIT);
+    /// Whether a refill is due: below the low watermark, or a top-up batch missing.
+    #[inline]
+    pub fn due(&self) -> bool {
+        self.posted < self.low || self.depth - self.posted >= self.top_up
+    }
+}
+
+/// The worker's receive buffers while they are posted, on whichever queue.
+pub struct RecvBuffers {
+    /// Scratch for providers that post a refill as a chain.
+    chain: RecvChain,
+    /// The addresses of the buffers of a refill, posted in one call.
+    addrs: Vec<u64>,
+    /// The buffers of `addrs`, in order (so the bookkeeping after the post need not map each
+    /// `wr_id` back to its buffer).
+    bufs: Vec<Buf>,
+    buf_len: u32,
+    lkey: u32,
+    pool: BufferPool,
+    /// One bit per pool buffer: set while posted on one of the worker's receive queues.
+    bits: Vec<u64>,
+}
+
+impl RecvBuffers {
+    /// Buffers of `buf_len` bytes of `pool` (registered with `lkey`), posted at most
+    /// `max_batch` per refill (the deepest queue: the arrays are sized for it here, so that
+    /// refills never allocate).
+    pub fn new(buf_len: u32, lkey: u32, pool: &BufferPool, max_batch: u32) -> RecvBuffers {
+        let n = max_batch as usize;
+        RecvBuffers {
+            chain: RecvChain::with_capacity(n, n),
+            addrs: Vec::with_capacity(n),
+            bufs: Vec::with_capacity(n),
+            buf_len,
+            lkey,
+            bits: vec![0; pool.count().div_ceil(64)],
+            pool: pool.clone(),
         }
     }
 
-    /// The SRQ limit event fired.
-    pub fn on_limit_event(&mut self) {
-        self.limit_hit = true;
+    /// Makes room for refills of up to `max_batch` buffers (a queue that deep was added).
+    pub fn reserve(&mut self, max_batch: u32) {
+        let n = max_batch as usize;
+        if n > self.addrs.capacity() {
+            self.addrs.reserve_exact(n);
+            self.bufs.reserve_exact(n);
+            self.chain = RecvChain::with_capacity(n, n);
+        }
     }
 
-    /// A receive completed: the buffer at `addr` left the SRQ. Returns its handle, or `None`
-    /// for an address this replenisher did not post.
+    /// A receive completed: the buffer at `addr` left its queue. Returns its handle, or
+    /// `None` for an address the worker did not post.
     #[inline]
     pub fn take(&mut self, addr: u64) -> Option<Buf> {
         let buf = self.pool.index_of_addr(addr)?;
@@ -104,38 +116,32 @@ impl<S: Srq> Replenisher<S> {
             return None;
         }
         self.bits[w] &= !(1 << b);
-        self.posted -= 1;
         Some(buf)
     }
 
-    /// Refills to `depth` with one post if under the low watermark, the limit event fired, or
-    /// at least the top-up batch is missing ([`Self::set_top_up`]). Returns whether it posted.
-    #[inline]
-    pub fn maybe_refill(&mut self, cache: &mut PoolCache, w: &WorkerCounters) -> bool {
-        if self.posted >= self.low && !self.limit_hit && self.depth - self.posted < self.top_up {
-            return false;
-        }
-        self.refill(cache, w)
-    }
-
-    /// Posts `depth - posted` buffers (as many as the pool gives) in one
-    /// [`Srq::post_recv_buffers`] call.
-    pub fn refill(&mut self, cache: &mut PoolCache, w: &WorkerCounters) -> bool {
-        // The limit needs arming again only if it may have fired (the count went below it, or
-        // its event came): a fired limit is disarmed, an unfired one stays armed. A top-up
-        // above the watermark leaves it alone, which on `rdma` saves an `ibv_modify_srq`
-        // (a system call) per top-up.
-        let rearm = self.limit_hit || self.posted < self.low;
-        let want = self.depth - self.posted;
+    /// Posts the buffers `level` misses (as many as the cache gives) with one call of `post`
+    /// (`addrs`, `len`, `lkey`, scratch chain: [`Srq::post_recv_buffers`] or
+    /// [`crate::provider::Qp::post_recv_buffers`]). Returns how many were posted (0 when the
+    /// cache had none), or the post's error, counted in `w.errors`: what it posted before the
+    /// failure (`bad_wr` buffers) stays posted, the rest goes back to the cache.
+    pub fn refill(
+        &mut self,
+        level: &mut Level,
+        cache: &mut PoolCache,
+        w: &WorkerCounters,
+        post: impl FnOnce(&[u64], u32, u32, &mut RecvChain) -> Result<(), PostError>,
+    ) -> Result<usize, PostError> {
+        let want = (level.depth - level.posted.min(level.depth)) as usize;
         self.addrs.clear();
         self.bufs.clear();
-        // Within the capacities reserved in `new` (`want <= depth`): no allocation.
-        let n = cache.get_into(&mut self.bufs, want as usize);
+        // Within the capacities reserved in `new` (`want <= depth <= max_batch`): no allocation.
+        let n = cache.get_into(&mut self.bufs, want);
         if n == 0 {
-            return false;
+            return Ok(0);
         }
         self.addrs.extend(self.bufs.iter().map(|b| b.addr()));
-        let ok = match self.srq.post_recv_buffers(&self.addrs, self.buf_len, self.lkey, &mut self.chain) {
+        let res = post(&self.addrs, self.buf_len, self.lkey, &mut self.chain);
+        let ok = match &res {
             Ok(()) => n,
             Err(e) => {
                 w.errors.add(1);
@@ -149,16 +155,12 @@ impl<S: Srq> Replenisher<S> {
         for &buf in &self.bufs[ok..] {
             let _ = cache.put(buf);
         }
-        self.posted += ok as u32;
-        self.limit_hit = false;
+        level.posted += ok as u32;
         if ok > 0 {
             w.srq_refills.add(1);
             w.srq_posted.add(ok as u64);
-            if rearm {
-                self.arm();
-            }
         }
-        true
+        res.map(|()| ok)
     }
 
     /// Returns every buffer still posted (at shutdown, when no more receives can land).
@@ -173,84 +175,268 @@ impl<S: Srq> Replenisher<S> {
                 }
             }
         }
-        self.posted = 0;
+    }
+}
+
+/// Keeps the worker's SRQ filled, once a QP receives through it ([`Replenisher::activate`]).
+pub struct Replenisher<S: Srq> {
+    pub(crate) srq: S,
+    level: Level,
+    /// Whether any QP receives through the SRQ: until then it is left empty (its buffers
+    /// would be missing from the pool, which the config sizes for the queues in use).
+    active: bool,
+    /// Set by the SRQ limit event; cleared by the refill it triggers.
+    limit_hit: bool,
+}
+
+impl<S: Srq> Replenisher<S> {
+    /// A replenisher of `srq` holding `depth` buffers, refilled below `low`.
+    pub fn new(srq: S, depth: u32, low: u32) -> Self {
+        Replenisher { srq, level: Level::new(depth, low), active: false, limit_hit: false }
+    }
+
+    /// See [`Level::set_top_up`].
+    pub fn set_top_up(&mut self, n: u32) {
+        self.level.set_top_up(n);
+    }
+
+    /// Receives currently posted.
+    pub fn posted(&self) -> u32 {
+        self.level.posted
+    }
+
+    /// The SRQ number (to match limit events).
+    pub fn srq_num(&self) -> u32 {
+        self.srq.srq_num()
+    }
+
+    /// Whether a QP receives through the SRQ.
+    pub fn is_active(&self) -> bool {
+        self.active
+    }
+
+    /// A QP receives through the SRQ: fill it now, and keep it filled from here on.
+    pub fn activate(&mut self, bufs: &mut RecvBuffers, cache: &mut PoolCache, w: &WorkerCounters) {
+        if !self.active {
+            self.active = true;
+            self.refill(bufs, cache, w);
+        }
+    }
+
+    /// Arms the SRQ limit event at the low watermark (`ibv_modify_srq`); the event is a
+    /// second trigger next to the worker's own count.
+    pub fn arm(&mut self) {
+        if self.level.low > 0 {
+            let attr = SrqAttr { max_wr: self.level.depth, max_sge: 1, srq_limit: self.level.low };
+            // Providers without limit events still work: the count below is the primary trigger.
+            let _ = self.srq.modify(&attr, SrqAttrMask::LIMIT);
+        }
+    }
+
+    /// The SRQ limit event fired.
+    pub fn on_limit_event(&mut self) {
+        self.limit_hit = true;
+    }
+
+    /// `n` receives through the SRQ completed (their buffers came back through
+    /// [`RecvBuffers::take`]).
+    #[inline]
+    pub fn received(&mut self, n: u32) {
+        self.level.posted = self.level.posted.saturating_sub(n);
+    }
+
+    /// Whether [`Replenisher::maybe_refill`] would post (a QP uses the SRQ, and it is below
+    /// its watermark, a top-up batch short, or its limit event fired).
+    #[inline]
+    pub fn wants_refill(&self) -> bool {
+        self.active && (self.limit_hit || self.level.due())
+    }
+
+    /// Refills to `depth` with one post if under the low watermark, the limit event fired, or
+    /// at least the top-up batch is missing ([`Level::set_top_up`]). Returns whether it posted.
+    #[inline]
+    pub fn maybe_refill(&mut self, bufs: &mut RecvBuffers, cache: &mut PoolCache, w: &WorkerCounters) -> bool {
+        if !self.wants_refill() {
+            return false;
+        }
+        self.refill(bufs, cache, w)
+    }
+
+    /// Posts `depth - posted` buffers (as many as the pool gives) in one
+    /// [`Srq::post_recv_buffers`] call.
+    pub fn refill(&mut self, bufs: &mut RecvBuffers, cache: &mut PoolCache, w: &WorkerCounters) -> bool {
+        // The limit needs arming again only if it may have fired (the count went below it, or
+        // its event came): a fired limit is disarmed, an unfired one stays armed. A top-up
+        // above the watermark leaves it alone, which on `rdma` saves an `ibv_modify_srq`
+        // (a system call) per top-up.
+        let rearm = self.limit_hit || self.level.posted < self.level.low;
+        let srq = &mut self.srq;
+        let before = self.level.posted;
+        let res = bufs.refill(&mut self.level, cache, w, |a, len, lkey, c| srq.post_recv_buffers(a, len, lkey, c));
+        if res == Ok(0) {
+            return false;
+        }
+        self.limit_hit = false;
+        if self.level.posted > before && rearm {
+            self.arm();
+        }
+        true
     }
 }
 
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-    use crate::verbs::AccessFlags;
+    use crate::verbs::{AccessFlags, QpCaps, QpType};
     use crate::worker::stats::WorkerStats;
-    use crate::{Context, Mr, Pd};
+    use crate::{Context, Mr, Pd, Qp, QpInitAttr};
     use std::sync::Arc;
+
+    type Keep =
+        (crate::shm::ShmContext, <crate::shm::Shm as crate::Provider>::Pd, <crate::shm::Shm as crate::Provider>::Mr);
 
     /// A replenisher of depth 64, low watermark 16, over a 256-buffer pool on a fresh fabric
     /// (its SRQ holds 512: the `take`s here are bookkeeping only, every posted buffer stays in
     /// it).
-    fn setup(name: &str) -> (Replenisher<crate::shm::ShmSrq>, PoolCache, WorkerStats, impl Sized) {
+    fn setup(name: &str) -> (Replenisher<crate::shm::ShmSrq>, RecvBuffers, PoolCache, WorkerStats, Keep) {
         let ctx = crate::shm::unit_context(name);
         let pd = ctx.alloc_pd().unwrap();
         let region = Arc::new(ctx.alloc_region(256 * 64).unwrap());
         let mr = pd.reg_mr(&*region, 0, 256 * 64, AccessFlags::LOCAL_WRITE).unwrap();
         let pool = BufferPool::from_region(region, 0, 64, 256).unwrap();
         let srq = pd.create_srq(&SrqAttr { max_wr: 512, max_sge: 1, srq_limit: 0 }).unwrap();
-        let r = Replenisher::new(srq, 64, 16, 64, mr.lkey(), &pool);
-        (r, pool.cache(64), WorkerStats::new(), (ctx, pd, mr))
+        let r = Replenisher::new(srq, 64, 16);
+        let bufs = RecvBuffers::new(64, mr.lkey(), &pool, 64);
+        (r, bufs, pool.cache(64), WorkerStats::new(), (ctx, pd, mr))
     }
 
     /// Marks `n` posted buffers as received (the bookkeeping of a receive completion).
-    fn take_n(r: &mut Replenisher<crate::shm::ShmSrq>, n: usize) {
-        let posted: Vec<u64> = (0..r.pool.count() as u64)
-            .map(|i| r.pool.base_addr() + i * r.pool.buf_size() as u64)
+    fn take_n(r: &mut Replenisher<crate::shm::ShmSrq>, bufs: &mut RecvBuffers, n: usize) {
+        let posted: Vec<u64> = (0..bufs.pool.count() as u64)
+            .map(|i| bufs.pool.base_addr() + i * bufs.pool.buf_size() as u64)
             .filter(|&a| {
-                r.pool.index_of_addr(a).is_some_and(|b| r.bits[b.index() as usize / 64] & (1 << (b.index() % 64)) != 0)
+                bufs.pool
+                    .index_of_addr(a)
+                    .is_some_and(|b| bufs.bits[b.index() as usize / 64] & (1 << (b.index() % 64)) != 0)
             })
             .take(n)
             .collect();
         assert_eq!(posted.len(), n);
         for a in posted {
-            assert!(r.take(a).is_some());
+            assert!(bufs.take(a).is_some());
+            r.received(1);
         }
     }
 
     #[test]
     fn by_default_refills_only_below_the_low_watermark() {
-        let (mut r, mut cache, w, _keep) = setup("srq-low");
-        assert!(r.refill(&mut cache, &w));
+        let (mut r, mut b, mut cache, w, _keep) = setup("srq-low");
+        assert!(!r.maybe_refill(&mut b, &mut cache, &w), "filled an SRQ no QP uses");
+        assert_eq!(r.posted(), 0);
+        r.activate(&mut b, &mut cache, &w);
         assert_eq!(r.posted(), 64);
-        take_n(&mut r, 48);
-        assert!(!r.maybe_refill(&mut cache, &w), "refilled at 16 posted, not below 16");
-        take_n(&mut r, 1);
-        assert!(r.maybe_refill(&mut cache, &w));
+        take_n(&mut r, &mut b, 48);
+        assert!(!r.maybe_refill(&mut b, &mut cache, &w), "refilled at 16 posted, not below 16");
+        take_n(&mut r, &mut b, 1);
+        assert!(r.maybe_refill(&mut b, &mut cache, &w));
         assert_eq!(r.posted(), 64);
     }
 
     #[test]
     fn tops_up_once_a_batch_is_missing() {
-        let (mut r, mut cache, w, _keep) = setup("srq-top-up");
+        let (mut r, mut b, mut cache, w, _keep) = setup("srq-top-up");
         r.set_top_up(8);
-        assert!(r.refill(&mut cache, &w));
-        take_n(&mut r, 7);
-        assert!(!r.maybe_refill(&mut cache, &w), "topped up with 7 missing, the batch is 8");
-        take_n(&mut r, 1);
-        assert!(r.maybe_refill(&mut cache, &w));
+        r.activate(&mut b, &mut cache, &w);
+        assert_eq!(r.posted(), 64);
+        take_n(&mut r, &mut b, 7);
+        assert!(!r.maybe_refill(&mut b, &mut cache, &w), "topped up with 7 missing, the batch is 8");
+        take_n(&mut r, &mut b, 1);
+        assert!(r.maybe_refill(&mut b, &mut cache, &w));
         assert_eq!(r.posted(), 64);
         // A top-up above the watermark leaves the SRQ limit as it is (here disarmed by hand,
         // as a fired limit is); a refill below the watermark arms it again.
         r.srq.modify(&SrqAttr { max_wr: 64, max_sge: 1, srq_limit: 0 }, SrqAttrMask::LIMIT).unwrap();
-        take_n(&mut r, 8);
-        assert!(r.maybe_refill(&mut cache, &w));
+        take_n(&mut r, &mut b, 8);
+        assert!(r.maybe_refill(&mut b, &mut cache, &w));
         assert_eq!(r.srq.query().unwrap().srq_limit, 0, "a top-up re-armed the limit");
-        take_n(&mut r, 49);
-        assert!(r.maybe_refill(&mut cache, &w));
+        take_n(&mut r, &mut b, 49);
+        assert!(r.maybe_refill(&mut b, &mut cache, &w));
         assert_eq!(r.srq.query().unwrap().srq_limit, 16, "a refill below the watermark did not re-arm");
         // A batch above `depth - low + 1` is clamped to it: the watermark still rules.
         r.set_top_up(1000);
-        take_n(&mut r, 48);
-        assert!(!r.maybe_refill(&mut cache, &w));
-        take_n(&mut r, 1);
-        assert!(r.maybe_refill(&mut cache, &w));
+        take_n(&mut r, &mut b, 48);
+        assert!(!r.maybe_refill(&mut b, &mut cache, &w));
+        take_n(&mut r, &mut b, 1);
+        assert!(r.maybe_refill(&mut b, &mut cache, &w));
         assert_eq!(r.posted(), 64);
+    }
+
+    /// A QP's own receive queue through the same bookkeeping: the refill posts on the QP
+    /// (its ring holds what the level says), four messages received through it come back
+    /// once each and are topped up by the next refill (a refill before they were received
+    /// would find the ring full: ENOMEM), and a refused post (a QP attached to an SRQ has no
+    /// queue of its own: EINVAL) counts an error and leaves every buffer in the cache.
+    #[test]
+    fn fills_a_qps_own_receive_queue() {
+        use crate::verbs::{ConnectOpts, PeerAddr, SendChain, SendWr, Sge, WcOpcode, WorkCompletion};
+        use crate::Cq;
+        let (_r, mut b, mut cache, w, keep) = setup("rq-level");
+        let (ctx, pd, mr) = &keep;
+        let mut cq = ctx.create_cq(64).unwrap();
+        let caps = QpCaps { max_send_wr: 8, max_recv_wr: 32, max_recv_sge: 1, ..Default::default() };
+        let attr =
+            QpInitAttr { send_cq: &cq, recv_cq: &cq, srq: None, cap: caps, qp_type: QpType::Rc, sq_sig_all: false };
+        let (mut qp, mut tx) = (pd.create_qp(&attr).unwrap(), pd.create_qp(&attr).unwrap());
+        qp.bring_up_to_init(&ConnectOpts::default()).unwrap();
+        let mut level = Level::new(32, 8);
+        level.set_top_up(4);
+        let got = b.refill(&mut level, &mut cache, &w, |a, len, lkey, c| qp.post_recv_buffers(a, len, lkey, c));
+        assert_eq!((got, level.posted(), qp.recv_queued()), (Ok(32), 32, 32));
+
+        let to = |qpn| PeerAddr { qpn, psn: 0, ah: Default::default() };
+        qp.connect(&to(tx.qp_num()), &ConnectOpts::default()).unwrap();
+        tx.connect(&to(qp.qp_num()), &ConnectOpts::default()).unwrap();
+        // Four 8-byte SENDs from the start of the region (the pool's buffer 0, not posted:
+        // the cache hands out others first).
+        let mut chain = SendChain::with_capacity(4, 4);
+        for i in 0..4 {
+            chain.push(SendWr::send(i), &[Sge::new(mr.addr() + 64 * 255, 8, mr.lkey())]);
+        }
+        tx.post_send(&chain).unwrap();
+        let mut wc = [WorkCompletion::default(); 8];
+        let mut received = Vec::new();
+        while received.len() < 4 {
+            let n = cq.poll(&mut wc).unwrap();
+            received.extend(wc[..n].iter().filter(|c| c.opcode == WcOpcode::Recv).map(|c| c.wr_id));
+        }
+        assert_eq!(qp.recv_queued(), 28);
+        for &a in &received[..3] {
+            assert!(b.take(a).is_some());
+            assert!(b.take(a).is_none(), "a buffer came back twice");
+            level.received();
+        }
+        assert!(!level.due(), "refill due with 3 missing, the batch is 4");
+        assert!(b.take(received[3]).is_some());
+        level.received();
+        assert!(level.due());
+        let got = b.refill(&mut level, &mut cache, &w, |a, len, lkey, c| qp.post_recv_buffers(a, len, lkey, c));
+        assert_eq!((got, level.posted(), qp.recv_queued()), (Ok(4), 32, 32));
+
+        let srq = pd.create_srq(&SrqAttr { max_wr: 8, max_sge: 1, srq_limit: 0 }).unwrap();
+        let attr = QpInitAttr {
+            send_cq: &cq,
+            recv_cq: &cq,
+            srq: Some(&srq),
+            cap: caps,
+            qp_type: QpType::Rc,
+            sq_sig_all: false,
+        };
+        let mut on_srq = pd.create_qp(&attr).unwrap();
+        on_srq.bring_up_to_init(&Default::default()).unwrap();
+        let mut level = Level::new(4, 0);
+        let (errors, free) = (w.errors.get(), cache.len());
+        let got = b.refill(&mut level, &mut cache, &w, |a, len, lkey, c| on_srq.post_recv_buffers(a, len, lkey, c));
+        assert_eq!(got.map_err(|e| (e.errno, e.bad_wr)), Err((crate::verbs::Errno::EINVAL, 0)));
+        assert_eq!((level.posted(), cache.len(), w.errors.get()), (0, free, errors + 1));
     }
 }
