@@ -181,10 +181,12 @@ impl RecvBuffers {
 /// Keeps the worker's SRQ filled, once a QP receives through it ([`Replenisher::activate`]).
 pub struct Replenisher<S: Srq> {
     pub(crate) srq: S,
+    /// The SRQ's level; one of depth 0 (never due) until a QP receives through it.
     level: Level,
-    /// Whether any QP receives through the SRQ: until then it is left empty (its buffers
-    /// would be missing from the pool, which the config sizes for the queues in use).
-    active: bool,
+    /// The level it gets then (`activate`). Until then the SRQ is left empty: its buffers
+    /// would be missing from the pool, which the config sizes for the queues in use. (A
+    /// level of depth 0 rather than a flag: the loop's check stays `limit_hit || due`.)
+    inactive: Option<Level>,
     /// Set by the SRQ limit event; cleared by the refill it triggers.
     limit_hit: bool,
 }
@@ -192,12 +194,12 @@ pub struct Replenisher<S: Srq> {
 impl<S: Srq> Replenisher<S> {
     /// A replenisher of `srq` holding `depth` buffers, refilled below `low`.
     pub fn new(srq: S, depth: u32, low: u32) -> Self {
-        Replenisher { srq, level: Level::new(depth, low), active: false, limit_hit: false }
+        Replenisher { srq, level: Level::new(0, 0), inactive: Some(Level::new(depth, low)), limit_hit: false }
     }
 
     /// See [`Level::set_top_up`].
     pub fn set_top_up(&mut self, n: u32) {
-        self.level.set_top_up(n);
+        self.inactive.as_mut().unwrap_or(&mut self.level).set_top_up(n);
     }
 
     /// Receives currently posted.
@@ -212,13 +214,13 @@ impl<S: Srq> Replenisher<S> {
 
     /// Whether a QP receives through the SRQ.
     pub fn is_active(&self) -> bool {
-        self.active
+        self.inactive.is_none()
     }
 
     /// A QP receives through the SRQ: fill it now, and keep it filled from here on.
     pub fn activate(&mut self, bufs: &mut RecvBuffers, cache: &mut PoolCache, w: &WorkerCounters) {
-        if !self.active {
-            self.active = true;
+        if let Some(level) = self.inactive.take() {
+            self.level = level;
             self.refill(bufs, cache, w);
         }
     }
@@ -249,7 +251,7 @@ impl<S: Srq> Replenisher<S> {
     /// its watermark, a top-up batch short, or its limit event fired).
     #[inline]
     pub fn wants_refill(&self) -> bool {
-        self.active && (self.limit_hit || self.level.due())
+        self.limit_hit || self.level.due()
     }
 
     /// Refills to `depth` with one post if under the low watermark, the limit event fired, or
