@@ -175,9 +175,10 @@ pub struct QpParams {
     pub max_inline: u32,
     /// `None`: the QP receives through the worker's SRQ. `Some(n)`: through a receive queue
     /// of its own, kept at `n` posted buffers (topped up in batches of the pool cache's, as
-    /// the SRQ is). One QP per worker gains nothing from sharing, and on `shm` an RC QP with
-    /// its own queue takes receiver-side delivery for its peer's post lists
-    /// (docs/shm-provider.md), which SRQ targets do not.
+    /// the SRQ is). Its traffic then cannot take the other QPs' buffers, and with one QP per
+    /// worker, which gains nothing from sharing, it is a little faster on `shm` (a sender
+    /// takes the request without the SRQ's out-of-line take and limit check; the echo
+    /// pipeline's latency at 100k msg/s 0.96x, docs/benchmarks.md, session 40).
     pub recv_depth: Option<u32>,
 }
 
@@ -367,8 +368,11 @@ impl<P: Provider> Worker<P> {
             ));
         }
         let scq = ctx.create_cq(p.cq_depth)?;
-        // Sender-side delivery into the receive CQ: the worker's peers are workers too, each
-        // as busy sending as receiving (`Context::create_cq_sender_side`).
+        // Sender-side delivery into the receive CQ (`Context::create_cq_sender_side`): a
+        // worker's peers are usually workers too, each as busy sending as receiving, and
+        // handing this worker their delivery work made the echo pipeline slower. A streaming
+        // peer outside the runtime then does the delivery itself, as it does for SRQ targets.
+        // (Only a QP with a receive queue of its own could take the other way on `shm`.)
         let rcq = ctx.create_cq_sender_side(p.cq_depth)?;
         let srq = pd.create_srq(&SrqAttr { max_wr: p.srq_depth, max_sge: 1, srq_limit: 0 })?;
         let cache = pool.cache(p.cache_size as usize);

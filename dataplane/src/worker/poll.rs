@@ -211,7 +211,8 @@ impl<P: Provider> Worker<P> {
             work += self.refill_own_queues();
         }
 
-        // 8. Count; idle if nothing happened.
+        // 8. Count; idle if nothing happened. (`stats` again: `refill_own_queues` borrowed
+        // the whole worker.)
         let stats = &*self.stats;
         stats.loops.add(1);
         if work > 0 {
