@@ -573,7 +573,7 @@ pub struct QpConfig {
     /// `recv_depth` buffers, which the worker posts and refills itself. A queue of its own
     /// keeps one QP's traffic from taking the buffers of the others, and with one or two QPs
     /// per worker it is a little faster on `shm` (the echo pipeline at 100k msg/s: round-trip
-    /// p50 0.96x of the SRQ's). Default: `true`.
+    /// p50 0.92-0.96x of the SRQ's). Default: `true`.
     #[serde(default = "d::use_srq")]
     pub use_srq: Located<bool>,
     /// UD only: the multicast group this QP joins (`ibv_attach_mcast`) once it is created,

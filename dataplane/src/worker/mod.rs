@@ -178,7 +178,7 @@ pub struct QpParams {
     /// the SRQ is). Its traffic then cannot take the other QPs' buffers, and with one QP per
     /// worker, which gains nothing from sharing, it is a little faster on `shm` (a sender
     /// takes the request without the SRQ's out-of-line take and limit check; the echo
-    /// pipeline's latency at 100k msg/s 0.96x, docs/benchmarks.md, session 40).
+    /// pipeline's latency at 100k msg/s 0.92-0.96x, docs/benchmarks.md, session 40).
     pub recv_depth: Option<u32>,
 }
 
