@@ -292,10 +292,7 @@ pub trait Qp {
         lkey: u32,
         scratch: &mut RecvChain,
     ) -> std::result::Result<(), PostError> {
-        scratch.clear();
-        for &a in addrs {
-            scratch.push(crate::verbs::RecvWr::new(a), &[crate::verbs::Sge::new(a, len, lkey)]);
-        }
+        scratch.set_buffers(addrs, len, lkey);
         self.post_recv(scratch)
     }
     /// Attaches this QP to the multicast group `gid` (MGID) / `lid` (MLID), as
@@ -432,10 +429,7 @@ pub trait Srq {
         lkey: u32,
         scratch: &mut RecvChain,
     ) -> std::result::Result<(), PostError> {
-        scratch.clear();
-        for &a in addrs {
-            scratch.push(crate::verbs::RecvWr::new(a), &[crate::verbs::Sge::new(a, len, lkey)]);
-        }
+        scratch.set_buffers(addrs, len, lkey);
         self.post_recv(scratch)
     }
     /// `ibv_modify_srq`: arm the limit or resize. Errors: `EINVAL` for a limit above

@@ -467,6 +467,16 @@ impl RecvChain {
         c.push(RecvWr::new(wr_id), sges);
         c
     }
+
+    /// Replaces the chain's requests with one receive of one SGE per address in `addrs`:
+    /// `len` bytes of the MR `lkey`, the address as its `wr_id` (what a replenisher posts;
+    /// the providers' default `post_recv_buffers`). Allocates only while the chain grows.
+    pub fn set_buffers(&mut self, addrs: &[u64], len: u32, lkey: u32) {
+        self.clear();
+        for &a in addrs {
+            self.push(RecvWr::new(a), &[Sge::new(a, len, lkey)]);
+        }
+    }
 }
 
 #[cfg(test)]
