@@ -59,7 +59,14 @@ impl Level {
     /// Whether a refill is due: below the low watermark, or a top-up batch missing.
     #[inline]
     pub fn due(&self) -> bool {
-        self.posted < self.low || self.depth - self.posted >= self.top_up
+        self.posted < self.low || self.depth.saturating_sub(self.posted) >= self.top_up
+    }
+
+    /// The queue's QP is in ERROR (a receive came back flushed): everything posted to it
+    /// will be flushed, so it is never refilled again (else each refill would come straight
+    /// back flushed, loop after loop, until teardown).
+    pub fn stop(&mut self) {
+        *self = Level { depth: 0, low: 0, top_up: 1, posted: self.posted };
     }
 }
 
@@ -423,6 +430,14 @@ mod tests {
         assert!(level.due());
         let got = b.refill(&mut level, &mut cache, &w, |a, len, lkey, c| qp.post_recv_buffers(a, len, lkey, c));
         assert_eq!((got, level.posted(), qp.recv_queued()), (Ok(4), 32, 32));
+        // Stopped (its QP went to ERROR): never due again, however many come back.
+        let mut stopped = level.clone();
+        stopped.stop();
+        for _ in 0..32 {
+            assert!(!stopped.due());
+            stopped.received();
+        }
+        assert_eq!((stopped.posted(), stopped.due()), (0, false));
 
         let srq = pd.create_srq(&SrqAttr { max_wr: 8, max_sge: 1, srq_limit: 0 }).unwrap();
         let attr = QpInitAttr {
