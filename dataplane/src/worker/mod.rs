@@ -281,7 +281,7 @@ pub struct WorkerReport {
     pub tx_bytes: u64,
     /// Send doorbells.
     pub doorbells: u64,
-    /// SRQ refills.
+    /// Receive refills: of the SRQ and of the QPs' own receive queues.
     pub srq_refills: u64,
     /// SRQ limit events handled.
     pub srq_limit_events: u64,

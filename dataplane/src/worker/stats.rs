@@ -142,9 +142,10 @@ counter_block! {
         doorbells,
         /// Send chains: same as doorbells for sends; kept apart for receive posts.
         batches,
-        /// SRQ refills (one chained `post_srq_recv` each).
+        /// Receive refills, one post call each: of the SRQ, and of the QPs' own receive
+        /// queues (`use_srq = false`; the name is kept for the exported keys).
         srq_refills,
-        /// Receive buffers posted by refills.
+        /// Receive buffers posted by refills (SRQ and own queues alike).
         srq_posted,
         /// SRQ limit events seen.
         srq_limit_events,
