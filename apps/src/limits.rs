@@ -111,9 +111,10 @@ pub fn shm_fabric_bytes(cfg: &Config) -> u64 {
 }
 
 /// The least the fabric must hold for `cfg`: its tables, the pools' regions, each worker's
-/// two CQs (the receive CQ without a message queue: `Context::create_cq_sender_side`) and SRQ, and the receive queues of the QPs with one of their own (`use_srq =
-/// false`; UD and RAW_PACKET rings have twice the cells, as an SRQ's). A lower bound: a run
-/// may need a little more, never less.
+/// two CQs (the receive CQ without a message queue: `Context::create_cq_sender_side`) and
+/// SRQ, and the receive queues of the QPs with one of their own (`use_srq = false`; UD and
+/// RAW_PACKET rings have twice the cells, as an SRQ's). A lower bound: a run may need a
+/// little more, never less.
 fn shm_fabric_need(cfg: &Config) -> u64 {
     let pools = cfg
         .memory

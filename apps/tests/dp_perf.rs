@@ -251,8 +251,21 @@ fn a_dead_peer_is_an_error_within_seconds() {
     // The server dies in the middle of a long run: the client says so instead of hanging.
     let port = free_port();
     let mut server = dp_perf(&["send_lat", "-p", &port]).spawn().expect("spawn server");
-    let client = dp_perf(&["send_lat", "127.0.0.1", "-p", &port, "-D", "60"]).spawn().expect("spawn client");
-    std::thread::sleep(Duration::from_millis(1500));
+    let mut client = dp_perf(&["send_lat", "127.0.0.1", "-p", &port, "-D", "60"]).spawn().expect("spawn client");
+    // Killed only once the two are connected and measuring: the client prints its results'
+    // header then (a fixed sleep raced a server slow to start on a loaded 2-core CI machine,
+    // and the client reported the refused connection instead). The reader drains the rest.
+    let out = client.stdout.take().expect("client stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(std::io::BufReader::new(out)).map_while(Result::ok) {
+            if line.contains("#bytes") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(30)).expect("the client never started measuring");
+    std::thread::sleep(Duration::from_millis(200));
     // The client is stopped until the server is reaped (as a shell would): a zombie's pid
     // still counts as a live fabric user, and the client (the last one) would leave the
     // fabric file behind if it won the race with the reaping.
