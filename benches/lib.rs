@@ -41,7 +41,7 @@ impl Loopback {
     /// Like [`Loopback::new`], with receive slots (and [`Loopback::send_sge`]) of `size`
     /// bytes (at least 8, at most 64 KiB).
     pub fn with_size(name: &str, size: u32) -> Loopback {
-        Self::build(name, false, size.clamp(8, 64 << 10))
+        Self::with_size_srq(name, size, false)
     }
 
     /// Like [`Loopback::new`], but `b` receives through an SRQ (`DEPTH` requests posted).

@@ -24,15 +24,15 @@
 //! round trip's median p50 over 9 runs grows from 763 ns at 1M msg/s to 921 ns at 100k and
 //! 1,043 ns at 10k, the same code path).
 //!
-//! RECV_DEPTH (sixth argument, default 0): each QP receives through a receive queue of its
-//! own of that many buffers (the config's `use_srq = false`) instead of the worker's SRQ.
-//!
 //! PAUSE (fifth argument, ns, default 0): with a paced RATE, after a loop pair in which the
 //! sink received a message and none is in flight, spin on the clock for PAUSE ns without
 //! stepping. The gap between messages is then mostly spent outside the pipeline's code, so
 //! comparing PAUSE 0 with PAUSE close to the gap tells whether the idle loops themselves (what
 //! they train the branch predictors to, the lines they touch) slow the next message
 //! (session 38: they do not).
+//!
+//! RECV_DEPTH (sixth argument, default 0): each QP receives through a receive queue of its
+//! own of that many buffers (the config's `use_srq = false`) instead of the worker's SRQ.
 
 use dataplane::mem::{BufferPool, HugePolicy};
 use dataplane::pipeline::{Clock, Echo, Sink, Source, SourceLimits, Target};
@@ -87,8 +87,6 @@ fn main() {
     let clock = Clock::new();
     let (mut client, _client_mr) = worker("client", &ctx, &pd, &ctl, clock.clone());
     let (mut server, _server_mr) = worker("server", &ctx, &pd, &ctl, clock.clone());
-    // RECV_DEPTH (sixth argument, default 0): with N > 0, each QP receives through a receive
-    // queue of its own of N buffers (`use_srq = false`) instead of its worker's SRQ.
     let recv_depth: Option<u32> = std::env::args().nth(6).and_then(|a| a.parse().ok()).filter(|&n| n > 0);
     let qp = |n: &str| QpParams { name: n.into(), min_rnr_timer: 1, max_inline: 64, recv_depth, ..QpParams::default() };
     let c = client.add_qp(&pd, qp("client-qp")).expect("qp");

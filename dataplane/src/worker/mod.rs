@@ -145,6 +145,12 @@ pub struct WorkerParams {
     pub cache_size: u32,
 }
 
+/// The top-up batch of every receive queue of a worker: its cache's batch, not below 32
+/// buffers per post (why: [`srq::Level::set_top_up`]).
+fn top_up_batch(cache: &PoolCache) -> u32 {
+    cache.batch().max(32) as u32
+}
+
 /// Q_Key of the runtime's UD QPs (the one `ibv_ud_pingpong` uses).
 pub const UD_QKEY: u32 = 0x1111_1111;
 
@@ -379,8 +385,7 @@ impl<P: Provider> Worker<P> {
         let stats = WorkerStats::new();
         // Filled when the first QP that receives through it is added (`add_qp`).
         let mut srq = Replenisher::new(srq, p.srq_depth, p.srq_low_watermark);
-        // Top up in the cache's batches (not below 32 buffers per post): see `set_top_up`.
-        srq.set_top_up(cache.batch().max(32) as u32);
+        srq.set_top_up(top_up_batch(&cache));
         let recv = RecvBuffers::new(p.recv_buffer_size, lkey, &pool, p.srq_depth);
         let burst = p.poll_burst.max(1) as usize;
         Ok(Worker {
@@ -538,7 +543,7 @@ impl<P: Provider> Worker<P> {
         let level = match qp.recv_depth {
             Some(n) => {
                 let mut level = Level::new(n, n / 2);
-                level.set_top_up(self.cache.batch().max(32) as u32);
+                level.set_top_up(top_up_batch(&self.cache));
                 self.recv.reserve(n);
                 self.recv
                     .refill(&mut level, &mut self.cache, &self.stats, |a, len, lkey, c| {

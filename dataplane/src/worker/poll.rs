@@ -92,6 +92,11 @@ impl<P: Provider> Worker<P> {
                     if let Some(level) = q.and_then(|q| self.rq_levels[q].as_mut()) {
                         level.received();
                         srq_taken -= 1;
+                        // Flushed: its QP is in ERROR, and refilling it would only feed the
+                        // flush.
+                        if wc.status == WcStatus::WrFlushErr {
+                            level.stop();
+                        }
                     }
                 }
                 let stage = q.and_then(|q| self.qp_stage[q]);
@@ -118,13 +123,6 @@ impl<P: Provider> Worker<P> {
                         handler.on_message(m, cx);
                     }
                     (status, q, _) => {
-                        // A flushed receive on a queue of its own: its QP is in ERROR, and
-                        // refilling it would only feed the flush.
-                        if let (WcStatus::WrFlushErr, Some(level)) =
-                            (status, q.and_then(|q| self.rq_levels[q].as_mut()))
-                        {
-                            level.stop();
-                        }
                         if status != WcStatus::WrFlushErr {
                             stats.errors.add(1);
                             if let Some(q) = q {

@@ -66,7 +66,7 @@ impl Level {
     /// will be flushed, so it is never refilled again (else each refill would come straight
     /// back flushed, loop after loop, until teardown).
     pub fn stop(&mut self) {
-        *self = Level { depth: 0, low: 0, top_up: 1, posted: self.posted };
+        *self = Level { posted: self.posted, ..Level::new(0, 0) };
     }
 }
 
@@ -217,11 +217,6 @@ impl<S: Srq> Replenisher<S> {
     /// The SRQ number (to match limit events).
     pub fn srq_num(&self) -> u32 {
         self.srq.srq_num()
-    }
-
-    /// Whether a QP receives through the SRQ.
-    pub fn is_active(&self) -> bool {
-        self.inactive.is_none()
     }
 
     /// A QP receives through the SRQ: fill it now, and keep it filled from here on.
