@@ -425,6 +425,14 @@ impl Fabric {
         Some(unsafe { self.base.add(off as usize) })
     }
 
+    /// The offsets `off` for which [`Fabric::ptr`]`(off, len)` is `Some`, as an inclusive
+    /// range; `None` when there are none.
+    #[inline]
+    pub(crate) fn offset_range(&self, len: u64) -> Option<(u64, u64)> {
+        let (lo, hi) = (TABLES.end as u64, self.size.checked_sub(len)?);
+        (lo <= hi).then_some((lo, hi))
+    }
+
     /// Where this process mapped the fabric (offset 0).
     #[inline(always)]
     pub(crate) fn base_addr(&self) -> u64 {

@@ -220,6 +220,22 @@ impl MrView {
         f.ptr(self.off + rel, len)
     }
 
+    /// The addresses `addr` for which [`MrView::translate`]`(f, addr, len)` is `Some`, as an
+    /// inclusive range; `None` when there are none. A batch of buffers of one length in one
+    /// MR (a worker's receive refill) is then checked with two compares per address.
+    pub(crate) fn addr_range(&self, f: &Fabric, len: u64) -> Option<(u64, u64)> {
+        // `translate` takes `rel` with `rel + len <= self.len` and `f.ptr(self.off + rel, len)`.
+        let (f_lo, f_hi) = f.offset_range(len)?;
+        let rel_lo = f_lo.saturating_sub(self.off);
+        let rel_hi = self.len.checked_sub(len)?.min(f_hi.checked_sub(self.off)?);
+        if rel_lo > rel_hi {
+            return None;
+        }
+        let base = if self.access.contains(AccessFlags::ZERO_BASED) { 0 } else { self.va };
+        // Saturating at the top: an address above `base + rel_hi` does not exist then.
+        Some((base.checked_add(rel_lo)?, base.saturating_add(rel_hi)))
+    }
+
     /// Fabric offset of `addr` (for remote atomics), if `[addr, addr+len)` is inside the MR.
     pub(crate) fn fabric_offset(&self, addr: u64, len: u64) -> Option<u64> {
         let rel = if self.access.contains(AccessFlags::ZERO_BASED) { addr } else { addr.checked_sub(self.va)? };
@@ -325,4 +341,64 @@ pub(crate) fn invalidate(f: &Fabric, pd: u32, rkey: u32) -> bool {
     s.len.store(0, Ordering::Release);
     s.access.store(0, Ordering::Release);
     true
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    /// `addr_range` is exactly the set of addresses `translate` accepts, at every edge: the
+    /// MR's ends, the fabric's tables and its end, ZERO_BASED offsets, lengths longer than
+    /// the MR, and MRs whose records point outside the fabric (a corrupt table).
+    #[test]
+    fn addr_range_is_what_translate_accepts() {
+        let ctx = crate::shm::unit_context("mr-addr-range");
+        let f = &*ctx.inner.fabric;
+        let (f_lo, f_hi) = f.offset_range(0).unwrap();
+        let size = f_hi;
+        let mut views = Vec::new();
+        for zero in [false, true] {
+            let access = if zero { AccessFlags::ZERO_BASED } else { AccessFlags::LOCAL_WRITE };
+            for (va, off, len) in [
+                (0x7000_0000u64, f_lo, 4096u64),
+                (0x7000_0000, size - 4096, 4096),
+                (0x7000_0000, size - 100, 4096),
+                (0x7000_0000, f_lo - 64, 4096),
+                (0, f_lo + 128, 1 << 20),
+                (u64::MAX - 1000, f_lo, 4096),
+                (0x1000, u64::MAX - 10, 64),
+            ] {
+                views.push(MrView { pd: 1, access, va, off, len, window: false, idx: 0 });
+            }
+        }
+        for mr in &views {
+            for len in [1u64, 64, 4095, 4096, 4097, 1 << 31] {
+                let range = mr.addr_range(f, len);
+                let base = if mr.access.contains(AccessFlags::ZERO_BASED) { 0 } else { mr.va };
+                let mut probes = vec![0, 1, u64::MAX, u64::MAX - len];
+                for edge in [base, base.wrapping_add(mr.len).wrapping_sub(len), base.wrapping_add(mr.len)] {
+                    for d in [-65i64, -64, -1, 0, 1, 64] {
+                        probes.push(edge.wrapping_add_signed(d));
+                    }
+                }
+                if let Some((lo, hi)) = range {
+                    probes.extend([lo, hi, lo.wrapping_sub(1), hi.wrapping_add(1)]);
+                }
+                for a in probes {
+                    // `translate` adds the MR's offset unchecked: the table's sane values only.
+                    if mr.off.checked_add(mr.len).is_none() {
+                        assert!(range.is_none_or(|(lo, hi)| a < lo || a > hi) || mr.translate(f, a, len).is_some());
+                        continue;
+                    }
+                    let inside = range.is_some_and(|(lo, hi)| lo <= a && a <= hi);
+                    assert_eq!(
+                        inside,
+                        mr.translate(f, a, len).is_some(),
+                        "addr {a:#x} len {len} mr {:?}",
+                        (mr.va, mr.off, mr.len, mr.access)
+                    );
+                }
+            }
+        }
+    }
 }

@@ -193,8 +193,14 @@ pub(crate) fn post_buffers(
     }
 }
 
-/// The loop of [`post_buffers`] (`bad_wr` is the index in `addrs`).
-#[inline(always)]
+/// The body of [`post_buffers`] (`bad_wr` is the index in `addrs`): the first address is
+/// checked as `post` checks an SGE (lkey, PD, LOCAL_WRITE, bounds: its error, if any, is
+/// `post`'s); the MR's range of valid addresses for `len` bytes then checks the others with
+/// two compares each, and the run of valid ones is pushed in one ring call. The outcome is
+/// `post`'s: the requests before the first failure are posted, in order, and `bad_wr` is
+/// that failure's index (EINVAL for an address outside the MR, ENOMEM for a full queue,
+/// whichever comes first).
+#[inline]
 fn post_buffers_from(
     f: &Fabric,
     ring: &RecvRing,
@@ -204,8 +210,21 @@ fn post_buffers_from(
     len: u32,
     lkey: u32,
 ) -> Result<(), PostError> {
+    let Some(&first) = addrs.first() else { return Ok(()) };
     let mut last = None;
-    for (i, &addr) in addrs.iter().enumerate() {
+    validate_sge(f, pd, &Sge::new(first, len, lkey), 0, &mut last)?;
+    let Some((_, mr)) = last else { return Ok(()) };
+    // `first` passed, so the range is not empty.
+    let (lo, hi) = mr.addr_range(f, recv_sge_len(&Sge::new(first, len, lkey))).unwrap_or((1, 0));
+    let valid = addrs.iter().position(|&a| a < lo || a > hi).unwrap_or(addrs.len());
+    let pushed = ring.push_buffers(bound.limit, &mut bound.head_seen, &addrs[..valid], len, lkey);
+    if pushed < valid {
+        return Err(PostError::new(Errno::ENOMEM, pushed, "receive queue full"));
+    }
+    // From the first address the range refused on, one at a time as `post` does: the same
+    // check gives `post`'s error (and were the range ever narrower than `translate`, the
+    // outcome would still be `post`'s).
+    for (i, &addr) in addrs.iter().enumerate().skip(valid) {
         let s = Sge::new(addr, len, lkey);
         validate_sge(f, pd, &s, i, &mut last)?;
         if !push_one(ring, bound, addr, &s) {

@@ -299,6 +299,47 @@ impl Ring {
         self.push_single(fill)
     }
 
+    /// [`Ring::push_single_bounded`] of up to `n` entries, the `i`-th written by `fill(i, ..)`:
+    /// returns how many were pushed, in order (fewer than `n` when the bound or a cell not
+    /// yet free stops it; the caller retries or reports the rest). Each cell is claimed and
+    /// published as `push_single` does (`tail` moved just before its payload is written, its
+    /// sequence stored with Release after), so consumers see exactly what a loop of
+    /// `push_single_bounded` would show them; only the producer's own checks are shared: the
+    /// bound is checked once for the run, and the call made once.
+    #[inline]
+    pub(crate) fn push_run_single_bounded(
+        &self,
+        limit: u64,
+        head_seen: &mut u64,
+        n: usize,
+        mut fill: impl FnMut(usize, CellMut<'_>),
+    ) -> usize {
+        let hdr = self.hdr();
+        let pos = hdr.tail.load(Ordering::Relaxed);
+        // Room under the bound; a `head` beyond `tail` (corrupt) leaves none, as in
+        // `push_single_bounded`. With `limit` at `u64::MAX` (cells only) `head` is not read.
+        let room = |head: u64| limit.saturating_sub(pos.wrapping_sub(head));
+        let mut max = room(*head_seen);
+        if max < n as u64 {
+            *head_seen = hdr.head.load(Ordering::Acquire);
+            max = room(*head_seen);
+        }
+        let n = (n as u64).min(max);
+        let mut k = 0;
+        while k < n {
+            let p = pos.wrapping_add(k);
+            let (payload, seq) = self.cell(p);
+            if seq.load(Ordering::Acquire) != p {
+                break;
+            }
+            hdr.tail.store(p.wrapping_add(1), Ordering::Relaxed);
+            fill(k as usize, self.writable(payload));
+            seq.store(p.wrapping_add(1), Ordering::Release);
+            k += 1;
+        }
+        k as usize
+    }
+
     /// After [`Ring::push_single_bounded`] refused: whether that was a cell a consumer has
     /// claimed and not yet freed, and it is free now (push again). The count said fewer than
     /// `limit` (< capacity) requests unclaimed, so the cell's last request was claimed; its
@@ -856,6 +897,44 @@ mod tests {
         assert_eq!((pos, k, first), (3, 1, 4), "max 1 claims one");
     }
 
+    /// `push_run_single_bounded` pushes in order what `push_single_bounded` would, one at a
+    /// time: it stops at the bound (re-reading a stale cached `head` first), at a cell a
+    /// consumer still holds, and at a corrupt `head`; it never reads `head` with no bound.
+    #[test]
+    fn run_push_stops_where_single_pushes_would() {
+        let mut b = Box::new(Buf([0; 4096]));
+        // SAFETY: the buffer is big enough for 8 cells of 16 bytes and private to the test.
+        let r = unsafe { Ring::init(b.0.as_mut_ptr(), 8, 16) };
+        let vals = [10u64, 11, 12, 13, 14, 15];
+        let put = |i: usize, mut c: CellMut<'_>| c.put(0, &vals[i]);
+        let mut seen = 0;
+        assert_eq!(r.push_run_single_bounded(4, &mut seen, 6, put), 4, "the bound stops it");
+        assert_eq!(r.push_run_single_bounded(4, &mut seen, 1, put), 0);
+        for want in 10..12u64 {
+            assert!(matches!(r.pop(|c| assert_eq!(c.get::<u64>(0), want)), Pop::Item));
+        }
+        // The cached head is stale (0): the push re-reads it and finds room for 2.
+        assert_eq!(r.push_run_single_bounded(4, &mut seen, 6, put), 2);
+        assert_eq!((seen, r.len()), (2, 4));
+        for want in [12u64, 13, 10, 11] {
+            assert!(matches!(r.pop(|c| assert_eq!(c.get::<u64>(0), want)), Pop::Item));
+        }
+        // Positions 6..8 are free, position 8 (cell 0) is held by a consumer that claimed it
+        // and has not freed it: no bound, the cells stop the run at 2.
+        let h = r.hdr().head.load(Ordering::Relaxed);
+        assert_eq!(h, 6);
+        r.cell(0).1.store(1, Ordering::Release);
+        let mut never = 0;
+        assert_eq!(r.push_run_single_bounded(u64::MAX, &mut never, 6, put), 2);
+        assert_eq!((never, r.hdr().head.load(Ordering::Relaxed)), (0, 6), "no bound: head not read");
+        r.cell(0).1.store(8, Ordering::Release);
+        assert_eq!(r.push_run_single_bounded(u64::MAX, &mut never, 1, put), 1, "freed, it is pushed");
+        // A head beyond the tail (a hostile peer) reads as full under a bound.
+        r.hdr().head.store(100, Ordering::Relaxed);
+        let mut seen = 0;
+        assert_eq!(r.push_run_single_bounded(4, &mut seen, 3, put), 0);
+    }
+
     #[test]
     fn fifo_full_empty_and_wrap() {
         let mut b = Box::new(Buf([0; 4096]));
@@ -1092,6 +1171,39 @@ mod loom_tests {
                 c.join().unwrap();
             }
             finish(&m, pending, |m, v| m.ring.push_single_bounded(1, &mut 0, m.fill(v)), |m| m.ring.pop(|p| m.take(p)));
+        });
+    }
+
+    /// An SRQ refilled in runs: one producer (`push_run_single_bounded`, the worker's
+    /// refill: runs of up to three under a bound of 2 over 2 cells) racing two consumers
+    /// (`pop`). What a run does not push is pushed after the join, one at a time.
+    #[test]
+    fn loom_srq_run_producer_two_consumers() {
+        loom::model(|| {
+            let m = Model::new(2, 4);
+            let consumers: Vec<_> = (0..2)
+                .map(|_| {
+                    let m = m.clone();
+                    thread::spawn(move || {
+                        for _ in 0..2 {
+                            assert!(!matches!(m.ring.pop(|p| m.take(p)), Pop::Stalled), "a healthy ring stalled");
+                        }
+                    })
+                })
+                .collect();
+            let mut head_seen = 0;
+            let mut next = 0u64;
+            for want in [3usize, 3] {
+                let left = (4 - next as usize).min(want);
+                let base = next;
+                next +=
+                    m.ring.push_run_single_bounded(2, &mut head_seen, left, |i, c| m.fill(base + i as u64)(c)) as u64;
+            }
+            let pending: Vec<u64> = (next..4).rev().collect();
+            for c in consumers {
+                c.join().unwrap();
+            }
+            finish(&m, pending, |m, v| m.ring.push_single_bounded(2, &mut 0, m.fill(v)), |m| m.ring.pop(|p| m.take(p)));
         });
     }
 

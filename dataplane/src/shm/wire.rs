@@ -446,6 +446,21 @@ impl RecvRing {
         })
     }
 
+    /// [`RecvRing::push_one`] of one request per address of `addrs` (`len` bytes of MR
+    /// `lkey` each, the address as `wr_id`), through [`Ring::push_run_single_bounded`]:
+    /// returns how many were pushed.
+    #[inline]
+    pub(crate) fn push_buffers(&self, limit: u64, head_seen: &mut u64, addrs: &[u64], len: u32, lkey: u32) -> usize {
+        self.ring.push_run_single_bounded(limit, head_seen, addrs.len(), |i, mut c| {
+            let addr = addrs[i];
+            // SAFETY: the header and one SGE fit every cell (`new`).
+            unsafe {
+                c.put_unchecked(0, || RecvHeader { wr_id: addr, n_sge: 1, _pad: 0 });
+                c.put_unchecked(size_of::<RecvHeader>(), || SgeRecord { addr, length: len, lkey });
+            }
+        })
+    }
+
     /// Takes the oldest request into `out` ([`Ring::pop_held`], many consumers) and returns
     /// its position: the cell stays held until [`Ring::release`]. The SGE count a peer wrote
     /// is clamped to what the cells hold, so a corrupt count cannot make the read leave the
