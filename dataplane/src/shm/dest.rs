@@ -3,7 +3,7 @@
 //! for liveness every [`LIVENESS_EVERY`] one-sided operations), an XRC SRQ number through
 //! the connected XRC_RECV QP (`resolve_xrc`), an rkey to the remote MR (`remote_mr`), an
 //! address handle's encoding (`AH_*`) and a port's GID (`gid`). Taking a receive request off
-//! the target's queue (`take_recv`, `srq_take_held`) is the destination's last step.
+//! the target's queue (`take_recv`, `srq_take_held`, and for a post list's SENDs `doorbell::srq_take`) is the destination's last step.
 
 use super::complete::has_channel;
 use super::fabric::{pid_alive, Fabric};

@@ -15,8 +15,9 @@ use super::layout::*;
 use super::mr::mr_lookup;
 use super::msgq::{MsgQueue, PAYLOAD_WORDS};
 use super::place::*;
-use super::recvq::{self, MAX_SGE};
-use super::sq::{BlockKind, Blocked, HeldDest, HeldRecv, HeldSend, MqSend, SqState, MAX_HELD};
+use super::recvq::{self, RecvEntry, MAX_SGE};
+use super::sq::{BlockKind, Blocked, HeldDest, HeldRecv, HeldSend, MqSend, SqState, SrqRun, MAX_HELD};
+use super::srq::SrqView;
 use super::wire::RecvRing;
 use super::wire::INLINE_CQE_MAX;
 use crate::net::frame::FrameKey;
@@ -164,8 +165,10 @@ fn post_list(f: &Fabric, st: &mut SqState, chain: &SendChain) -> std::result::Re
         if let ([sge], None) = (sges, inline) {
             // Hold a SEND's receiver-side stores while more WRs follow (`HeldRecv`), and the
             // last one's when others are held (`post_fast`); a post of one WR gains nothing
-            // from it.
-            if post_fast::<false>(f, st, wr, sge, &mut state, &mut retired, last - i) {
+            // from it. The SENDs after it that certainly take an SRQ request (`sends_ahead`)
+            // may have theirs claimed with its own (`srq_take`).
+            let ahead = |max| sends_ahead(chain, i + 1, max);
+            if post_fast::<false>(f, st, wr, sge, &mut state, &mut retired, last - i, ahead) {
                 continue;
             }
         }
@@ -173,6 +176,9 @@ fn post_list(f: &Fabric, st: &mut SqState, chain: &SendChain) -> std::result::Re
         // queued ones (whose unused claims must be written for the drainer to reach them).
         publish_held(f, &mut st.held);
         mq_close(f, st);
+        if st.run.left > 0 {
+            return_run(f, &mut st.run, &mut st.rx);
+        }
         // Most WRs have one SGE (or inline bytes, one segment): their segments fit an array
         // of one, which costs nothing to initialise, unlike room for MAX_SGE. TSO goes out of
         // line with the multi-SGE WRs (kept out of this loop: its call here made LLVM stop
@@ -185,7 +191,112 @@ fn post_list(f: &Fabric, st: &mut SqState, chain: &SendChain) -> std::result::Re
     }
     publish_held(f, &mut st.held);
     mq_close(f, st);
+    if st.run.left > 0 {
+        return_run(f, &mut st.run, &mut st.rx);
+    }
     Ok(())
+}
+
+/// Most SRQ requests one CAS claims for a post list's SENDs (`srq_take`): as many as one
+/// post holds (`MAX_HELD`).
+const MAX_RUN: usize = MAX_HELD;
+
+/// The longest run of at most `max` WRs of `chain` from WR `from` on that reach the fast
+/// path's take of a receive request whenever the WR before them did, unless something
+/// fails (`srq_take`): SENDs or SEND_WITH_IMMs of one SGE (INLINE or not), without
+/// IP_CSUM.
+/// (The QP's state, the target and the send queue's room are the same for all of them; the
+/// caller bounds `max` by that room.) Only the WRs' shape is checked, a few instructions
+/// each: an SGE that fails its MR checks ends the run in `post_fast`, and the requests
+/// claimed for the WRs after it go back (`return_run`).
+#[inline(always)]
+fn sends_ahead(chain: &SendChain, from: usize, max: usize) -> usize {
+    chain
+        .wrs()
+        .iter()
+        .skip(from)
+        .take(max)
+        .take_while(|wr| {
+            matches!(wr.opcode, WrOpcode::Send | WrOpcode::SendWithImm)
+                && wr.is_one_sge()
+                && !wr.flags.contains(SendFlags::IP_CSUM)
+        })
+        .count()
+}
+
+/// The request a SEND to `srq` takes when it has none of a run yet, out of line (inlined
+/// into the fast path, a take made the RQ case ~17 instructions dearer per message): when up
+/// to `max_ahead` SENDs follow in the post list (as many as `ahead` says reach their take:
+/// `sends_ahead`), a run of requests for it and them, claimed with one CAS
+/// (`SrqView::take_run_held`), whose rest `run` keeps for them; else one request
+/// (`SrqView::take_held`). A locked instruction per message, which also waits for the
+/// previous message's stores to drain, became one per run. Returns the request's position
+/// (read into `rx`), or `None` if the SRQ has none.
+///
+/// No run is claimed for a target with a message queue: the later SENDs could go through it
+/// instead. A run left over from another SRQ (the target changed during the post) is handed
+/// back first. Requests left over when a SEND of the run does not reach its take (a WR
+/// that fails its checks, a target that left RTR/RTS during the post, a failed delivery
+/// that put the QP in ERROR) are handed back at the end of the post (`return_run`).
+#[inline(never)]
+fn srq_take(
+    f: &Fabric,
+    srq: &SrqView,
+    d: &DestView,
+    run: &mut SrqRun,
+    rx: &mut RecvEntry,
+    max_ahead: usize,
+    ahead: impl FnOnce(usize) -> usize,
+) -> Option<u64> {
+    if run.left > 0 {
+        return_run(f, run, rx);
+    }
+    let ahead = if max_ahead > 0 && d.mq.is_none() { ahead(max_ahead.min(MAX_RUN - 1)) } else { 0 };
+    if ahead == 0 {
+        // (`take_held`: the single claim, without the run's loop.)
+        return srq.take_held(f, rx);
+    }
+    let (pos, k) = srq.take_run_held(f, 1 + ahead as u64, rx)?;
+    if k > 1 {
+        if !run.dest.as_ref().is_some_and(|r| r.qpn == d.qpn && run.srqn == srq.srqn) {
+            run.dest = Some(d.clone());
+        }
+        run.srqn = srq.srqn;
+        run.next = pos.wrapping_add(1);
+        run.left = (k - 1) as u32;
+    }
+    Some(pos)
+}
+
+/// Hands back the requests of `run` no SEND used (see [`srq_take`]), at the end of the post
+/// or before a WR goes the general way: `Ring::unclaim` puts them back at the head of the
+/// SRQ, as if never claimed; if another consumer claimed after them meanwhile, they are
+/// completed on the target's CQ with IBV_WC_WR_FLUSH_ERR, as a NIC completes the requests
+/// it fetched for a QP that went to ERROR, rather than lost. Only after a failure or a
+/// concurrent change mid-post. (The SRQ's limit event, checked at the claim, may have fired
+/// for requests that went back: an event a little early, never a missed one.)
+#[cold]
+#[inline(never)]
+pub(crate) fn return_run(f: &Fabric, run: &mut SrqRun, rx: &mut RecvEntry) {
+    let left = std::mem::take(&mut run.left);
+    let Some(d) = &run.dest else { return };
+    let Some(srq) = &d.srq else { return };
+    if srq.ring.unclaim(run.next, run.next.wrapping_add(u64::from(left))) {
+        return;
+    }
+    for k in 0..u64::from(left) {
+        let pos = run.next.wrapping_add(k);
+        srq.ring.read_held(pos, rx);
+        srq.ring.release(pos);
+        let wc = WorkCompletion {
+            wr_id: rx.wr_id,
+            status: WcStatus::WrFlushErr,
+            opcode: WcOpcode::Recv,
+            qp_num: d.qpn,
+            ..Default::default()
+        };
+        push_recv_wc(f, d, &wc, false);
+    }
 }
 
 /// A post of one WR with one SGE (not inline) through [`post_fast`], in a function of its
@@ -196,7 +307,7 @@ fn post_lone(f: &Fabric, st: &mut SqState, wr: &SendWr, chain: &SendChain) -> bo
     // `post_fast` takes only an RTS queue with nothing pending; anything else returns false.
     let mut state = st.state();
     let mut retired = st.slot().sq_retired.load(Ordering::Acquire);
-    if !post_fast::<false>(f, st, wr, sge, &mut state, &mut retired, 0) {
+    if !post_fast::<false>(f, st, wr, sge, &mut state, &mut retired, 0, |_| 0) {
         return false;
     }
     publish_held(f, &mut st.held);
@@ -230,6 +341,7 @@ pub(crate) fn post_fast<const XRC: bool>(
     state: &mut QpState,
     retired: &mut u32,
     rest: usize,
+    ahead: impl FnOnce(usize) -> usize,
 ) -> bool {
     let hold = rest > 0;
     let op = wr.opcode;
@@ -329,7 +441,26 @@ pub(crate) fn post_fast<const XRC: bool>(
         // (`resolve_dest` gives a target an RQ or an SRQ, never both.)
         let (rq, taken) = match (&d.rq, &d.srq) {
             (Some(rq), _) => (&**rq, recvq::pop_held(rq, &mut st.rx)),
-            (None, Some(srq)) if srq.tm.is_none() => (&*srq.ring, srq_take_held(f, srq, &mut st.rx)),
+            (None, Some(srq)) if srq.tm.is_none() => {
+                let run = &mut st.run;
+                let taken = if run.left > 0 && run.srqn == srq.srqn {
+                    // The next request of the run an earlier SEND of this post claimed.
+                    let pos = run.next;
+                    srq.ring.read_held(pos, &mut st.rx);
+                    run.next = pos.wrapping_add(1);
+                    run.left -= 1;
+                    Some(pos)
+                } else if rest == 0 && run.left == 0 {
+                    // Nothing follows: one request, as a lone post takes it.
+                    srq_take_held(f, srq, &mut st.rx)
+                } else {
+                    // The WRs after this one that may share its claim: not past the send
+                    // queue's room (this WR has a WQE: `room >= 1`).
+                    let room = st.depth.wrapping_sub(st.posted.wrapping_sub(*retired)) as usize;
+                    srq_take(f, srq, d, run, &mut st.rx, rest.min(room.saturating_sub(1)), ahead)
+                };
+                (&*srq.ring, taken)
+            }
             _ => return false,
         };
         let pd = d.srq.map_or(d.pd, |s| s.pd);
@@ -686,7 +817,7 @@ pub(crate) fn post_fast_xrc(
     state: &mut QpState,
     retired: &mut u32,
 ) -> bool {
-    post_fast::<true>(f, st, wr, sge, state, retired, 0)
+    post_fast::<true>(f, st, wr, sge, state, retired, 0, |_| 0)
 }
 
 /// `post_one` for a WR with several SGEs, and TSO requests ([`post_tso`]), out of line to
@@ -1032,4 +1163,109 @@ pub(crate) fn post_tso(
     }
     finish(f, st, wr, wqe, WcStatus::Success, 0);
     Ok(())
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::shm::{unit_context, Shm, ShmContext, ShmQp, ShmSrq};
+    use crate::{Context, Cq, Mr, Pd, Provider, Qp, QpInitAttr, Srq};
+
+    type Parts = (ShmContext, <Shm as Provider>::Pd, <Shm as Provider>::Cq, ShmSrq, ShmQp, ShmQp);
+
+    /// An RC QP `qa` connected to `qb`, which receives through an SRQ holding requests
+    /// 0..6 (8 bytes each, the wr_id their index).
+    fn setup(t: &str) -> (Parts, <Shm as Provider>::Mr) {
+        let ctx = unit_context(&format!("doorbell-{t}"));
+        let pd = ctx.alloc_pd().unwrap();
+        let (scq, rcq) = (ctx.create_cq(16).unwrap(), ctx.create_cq(16).unwrap());
+        let mut srq = pd.create_srq(&SrqAttr { max_wr: 8, max_sge: 1, srq_limit: 0 }).unwrap();
+        let region = ctx.alloc_region(4096).unwrap();
+        let mr = pd.reg_mr(&region, 0, 4096, AccessFlags::LOCAL_WRITE).unwrap();
+        for i in 0..6u64 {
+            srq.post_recv(&RecvChain::one(i, &[Sge::new(mr.addr() + i * 8, 8, mr.lkey())])).unwrap();
+        }
+        let qp = |srq: Option<&ShmSrq>| {
+            let attr = QpInitAttr {
+                send_cq: &scq,
+                recv_cq: &rcq,
+                srq,
+                cap: QpCaps::default(),
+                qp_type: QpType::Rc,
+                sq_sig_all: false,
+            };
+            pd.create_qp(&attr).unwrap()
+        };
+        let (mut qa, mut qb) = (qp(None), qp(Some(&srq)));
+        let (na, nb) = (qa.qp_num(), qb.qp_num());
+        for (q, dest) in [(&mut qa, nb), (&mut qb, na)] {
+            q.modify(&QpAttr { state: QpState::Init, ..Default::default() }).unwrap();
+            q.modify(&QpAttr { state: QpState::Rtr, dest_qp_num: dest, ..Default::default() }).unwrap();
+            q.modify(&QpAttr { state: QpState::Rts, ..Default::default() }).unwrap();
+        }
+        ((ctx, pd, rcq, srq, qa, qb), mr)
+    }
+
+    /// Claims a run of 3 of `qa`'s target SRQ as `srq_take` does for a post list of three
+    /// SENDs, uses the first, and (`other`) lets another consumer take the next request
+    /// before the run's two others are handed back; returns the first's wr_id.
+    fn claim_three_and_return(f: &Fabric, qa: &ShmQp, other: bool) -> u64 {
+        let mut g = qa.sq.lock();
+        let st: &mut SqState = &mut g;
+        let d = dest(f, &mut st.dest, st.dest_qpn).expect("the connected target").clone();
+        let srq = d.srq.expect("a target on an SRQ");
+        let (pos, k) = srq.take_run_held(f, 3, &mut st.rx).expect("requests posted");
+        assert_eq!(k, 3);
+        let first = st.rx.wr_id;
+        srq.ring.release(pos);
+        st.run = SrqRun { next: pos + 1, left: 2, srqn: srq.srqn, dest: Some(d) };
+        if other {
+            let mut rx = RecvEntry::default();
+            assert!(srq.take(f, &mut rx), "another consumer takes the request after the run");
+            assert_eq!(rx.wr_id, first + 3);
+        }
+        return_run(f, &mut st.run, &mut st.rx);
+        assert_eq!(st.run.left, 0);
+        first
+    }
+
+    /// The requests of a run that no SEND used go back to the head of the SRQ when nobody
+    /// claimed after them: the next messages take them, in order, and nothing else shows.
+    #[test]
+    fn a_run_left_over_goes_back_to_the_srq() {
+        let ((ctx, _pd, mut rcq, _srq, mut qa, _qb), mr) = setup("back");
+        let f = &*ctx.inner.fabric;
+        assert_eq!(claim_three_and_return(f, &qa, false), 0);
+        let mut c = SendChain::new();
+        for i in 0..3 {
+            c.push(SendWr::send(i), &[Sge::new(mr.addr() + 512, 4, mr.lkey())]);
+        }
+        qa.post_send(&c).unwrap();
+        let mut wc = [WorkCompletion::default(); 8];
+        let n = rcq.poll(&mut wc).unwrap();
+        let got: Vec<_> = wc[..n].iter().map(|w| (w.wr_id, w.status)).collect();
+        assert_eq!(got, [(1, WcStatus::Success), (2, WcStatus::Success), (3, WcStatus::Success)]);
+    }
+
+    /// When another consumer claimed after the run, its requests cannot go back: they are
+    /// completed on the target's CQ with IBV_WC_WR_FLUSH_ERR (not lost), their cells freed,
+    /// and the SRQ serves the next message from the request after the other's.
+    #[test]
+    fn a_run_left_over_behind_another_claim_is_flushed() {
+        let ((ctx, _pd, mut rcq, mut srq, mut qa, qb), mr) = setup("flush");
+        let f = &*ctx.inner.fabric;
+        assert_eq!(claim_three_and_return(f, &qa, true), 0);
+        let mut wc = [WorkCompletion::default(); 8];
+        let n = rcq.poll(&mut wc).unwrap();
+        let got: Vec<_> = wc[..n].iter().map(|w| (w.wr_id, w.status, w.opcode, w.qp_num)).collect();
+        let flushed = |id| (id, WcStatus::WrFlushErr, WcOpcode::Recv, qb.qp_num());
+        assert_eq!(got, [flushed(1), flushed(2)]);
+        qa.post_send(&SendChain::one(SendWr::send(9), &[Sge::new(mr.addr() + 512, 4, mr.lkey())])).unwrap();
+        let n = rcq.poll(&mut wc).unwrap();
+        assert_eq!((n, wc[0].wr_id, wc[0].status), (1, 4, WcStatus::Success));
+        // Every cell was freed: the SRQ takes a full max_wr of requests again (5 is queued).
+        for i in 0..7u64 {
+            srq.post_recv(&RecvChain::one(100 + i, &[Sge::new(mr.addr(), 8, mr.lkey())])).unwrap();
+        }
+    }
 }

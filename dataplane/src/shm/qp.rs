@@ -13,7 +13,7 @@ use super::qp_error::{flush_rq, to_error};
 use super::recvq::{self, RecvEntry};
 use super::retry::Waiter;
 use super::ring::Ring;
-use super::sq::{BlockKind, Blocked, SqState};
+use super::sq::{BlockKind, Blocked, SqState, SrqRun};
 use super::srq::SrqShared;
 use super::wire::RecvRing;
 use crate::verbs::*;
@@ -284,6 +284,7 @@ impl ShmQp {
             xrc_dest: None,
             mcast: None,
             rx: RecvEntry::default(),
+            run: SrqRun { next: 0, left: 0, srqn: 0, dest: None },
             held: super::sq::Held::new(),
             mq: Default::default(),
             mq_every: super::drain::mode() == super::drain::Mode::All,

@@ -476,6 +476,26 @@ impl Ring {
         }
     }
 
+    /// Hands back the end of a run this consumer claimed ([`Ring::pop_run`]): the cells
+    /// `from..end` it holds and has neither read for use nor released. Moves `head` back from
+    /// `end` to `from` if it is still `end`, that is, if no consumer claimed after the run;
+    /// false (nothing changed) otherwise, and the caller keeps the cells.
+    ///
+    /// Why this is safe although `head` otherwise only grows: the cells `from..end` kept the
+    /// sequence of a published entry (only a release changes it, and the producer writes a
+    /// cell only after its release), so after the move they are exactly published entries
+    /// nobody claimed, as before the run was claimed. A consumer that read `head` before and
+    /// checks cells from there either finds `head` moved (its CAS fails) or at the very value
+    /// it read, with those cells still published: its claim is then of valid entries, as if
+    /// the run had never been claimed. Hand-backs nest like a stack (each needs `head` at its
+    /// own `end`). The producer may have read the higher `head` for its bound
+    /// ([`Ring::push_single_bounded`]): the queue then holds up to `end - from` more than the
+    /// bound for a moment; it never writes a cell that is not free.
+    #[inline]
+    pub(crate) fn unclaim(&self, from: u64, end: u64) -> bool {
+        from == end || self.hdr().head.compare_exchange(end, from, Ordering::Relaxed, Ordering::Relaxed).is_ok()
+    }
+
     /// Reads cell `pos` of a run [`Ring::pop_run`] gave this consumer (not yet released).
     #[inline(always)]
     pub(crate) fn read_held(&self, pos: u64, read: impl FnOnce(CellRef<'_>)) {
@@ -1204,6 +1224,53 @@ mod loom_tests {
                 c.join().unwrap();
             }
             finish(&m, pending, |m, v| m.ring.push_single_bounded(2, &mut 0, m.fill(v)), |m| m.ring.pop(|p| m.take(p)));
+        });
+    }
+
+    /// A sender that claims a run of two and hands the second back (`unclaim`, a post list
+    /// whose later SEND failed its checks), racing a consumer that pops singly and the
+    /// producer (`push_single_bounded` with no bound beyond the cells): every value is taken
+    /// once, by whoever gets it, whether the hand-back succeeded or its cell was flushed (here:
+    /// taken by the runner itself, as `return_run` completes it). Five preemptions, not
+    /// loom.sh's three: a hand-back that moved `head` unconditionally lost a value only in
+    /// an interleaving with four (checked by planting that bug).
+    #[test]
+    fn loom_run_handed_back_races_a_consumer() {
+        let mut model = loom::model::Builder::new();
+        model.preemption_bound = Some(5);
+        model.check(|| {
+            let m = Model::new(2, 3);
+            let runner = {
+                let m = m.clone();
+                thread::spawn(move || {
+                    if let Ok((pos, k)) = m.ring.pop_run(2, |p| m.take(p)) {
+                        m.ring.release(pos);
+                        if k == 2 && !m.ring.unclaim(pos + 1, pos + 2) {
+                            m.ring.read_held(pos + 1, |p| m.take(p));
+                            m.ring.release(pos + 1);
+                        }
+                    }
+                })
+            };
+            let single = {
+                let m = m.clone();
+                thread::spawn(move || {
+                    assert!(!matches!(m.ring.pop(|p| m.take(p)), Pop::Stalled), "a healthy ring stalled");
+                })
+            };
+            let mut head_seen = 0;
+            let pending: Vec<u64> =
+                (0..3).filter(|&v| !m.ring.push_single_bounded(u64::MAX, &mut head_seen, m.fill(v))).collect();
+            runner.join().unwrap();
+            single.join().unwrap();
+            finish(
+                &m,
+                pending,
+                |m, v| m.ring.push_single_bounded(u64::MAX, &mut 0, m.fill(v)),
+                |m| m.ring.pop(|p| m.take(p)),
+            );
+            // And the ring is whole: every position pushed was consumed, none twice.
+            assert_eq!((m.ring.head_pos(), m.ring.tail_pos()), (3, 3));
         });
     }
 

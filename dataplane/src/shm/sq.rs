@@ -164,6 +164,21 @@ impl HeldDest {
     }
 }
 
+/// Receive requests of the target's SRQ claimed with one CAS for the SENDs that follow in
+/// the current post list (`doorbell::srq_take`); none between calls. Each of those SENDs
+/// takes the next one where it would have taken a request of its own.
+pub(crate) struct SrqRun {
+    /// Position of the next claimed request in the SRQ's ring.
+    pub(crate) next: u64,
+    /// Claimed requests not yet used.
+    pub(crate) left: u32,
+    /// The number of the SRQ they belong to.
+    pub(crate) srqn: u32,
+    /// The target as it was at the claim: the SRQ the requests came from, and the CQ where
+    /// requests left over are flushed (`doorbell::return_run`).
+    pub(crate) dest: Option<DestView>,
+}
+
 /// The SENDs of the current `post_send` whose remote stores wait ([`HeldRecv`]), all to
 /// `dest`; empty between calls. A fixed array: pushing is a store and an increment.
 pub(crate) struct Held {
@@ -246,6 +261,8 @@ pub(crate) struct SqState {
     /// SENDs of the current `post_send` whose remote stores wait ([`Held`]); empty between
     /// calls.
     pub(crate) held: Held,
+    /// SRQ requests claimed ahead for the rest of the current post list ([`SrqRun`]).
+    pub(crate) run: SrqRun,
     /// Receiver-side delivery to the connected destination.
     pub(crate) mq: MqSend,
     /// Every small SEND takes it (`drain::Mode::All`), not only post lists'.

@@ -265,6 +265,25 @@ impl SrqView {
     #[inline]
     pub(crate) fn take_held(&self, f: &Fabric, out: &mut recvq::RecvEntry) -> Option<u64> {
         let pos = recvq::pop_held(&self.ring, out)?;
+        self.after_take(f);
+        Some(pos)
+    }
+
+    /// [`SrqView::take_held`] of a run of up to `max` requests claimed with one CAS
+    /// ([`recvq::pop_run`]): the first is read into `out`; returns its position and the
+    /// run's length. The caller must use every request of the run (a claim cannot be given
+    /// back; see `doorbell::srq_take`), read the others with `RecvRing::read_held` and
+    /// release each. The limit is checked once, after the whole run.
+    #[inline]
+    pub(crate) fn take_run_held(&self, f: &Fabric, max: u64, out: &mut recvq::RecvEntry) -> Option<(u64, u64)> {
+        let run = recvq::pop_run(&self.ring, max, out)?;
+        self.after_take(f);
+        Some(run)
+    }
+
+    /// Fires the limit event (once) if the requests left are fewer than the armed limit.
+    #[inline(always)]
+    fn after_take(&self, f: &Fabric) {
         let s = f.srq_slot(self.idx);
         let limit = s.limit.load(Ordering::Relaxed);
         if limit != 0
@@ -273,7 +292,6 @@ impl SrqView {
         {
             f.post_event(s.ctx.load(Ordering::Relaxed) as usize, super::EVENT_SRQ_LIMIT, self.srqn);
         }
-        Some(pos)
     }
 }
 

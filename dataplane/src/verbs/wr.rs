@@ -135,6 +135,12 @@ pub struct SendWr {
 }
 
 impl SendWr {
+    /// Whether the request has exactly one SGE and no inline bytes in its chain.
+    #[inline(always)]
+    pub(crate) fn is_one_sge(&self) -> bool {
+        self.num_sge == 1 && self.inline_len == 0
+    }
+
     /// A SEND.
     pub fn send(wr_id: u64) -> SendWr {
         SendWr { wr_id, opcode: WrOpcode::Send, ..Default::default() }

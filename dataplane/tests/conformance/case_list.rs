@@ -51,6 +51,8 @@ suite!(ShmHarness;
     srq_consumed_by_send_imm_and_write_imm_only,
     recv_sge_length_zero_is_2g,
     srq_zero_sge_request_takes_only_empty_message,
+    srq_requests_behind_a_bad_send_stay_posted,
+    srq_requests_behind_a_failed_receive_stay_posted,
     srq_mr_deregistered_while_outstanding,
     rq_mr_deregistered_while_outstanding,
     send_one_sge_into_two_sge_recv,

@@ -1320,6 +1320,111 @@ pub fn srq_zero_sge_request_takes_only_empty_message<H: Harness>(t: &str) {
     assert_eq!((r.wr_id, r.status), (2, WcStatus::LocLenErr));
 }
 
+/// The SENDs a post list ran first on an RC QP of `a1`, connected to `s`'s `qb1`, are done;
+/// checks that the receiver got requests 0 and 1 (ids from `0`) only, then that two SENDs
+/// of another sender (`a2` on `qa2`, connected to `qb2` on the same SRQ) take requests 2 and
+/// 3: the SRQ kept them. With `second_fails`, request 1's completion is a receive error
+/// (its buffer was too small: LOC_LEN_ERR on `shm` and mlx5, LOC_QP_OP_ERR on rxe).
+fn srq_next_requests_go_to_another_qp<H: Harness>(
+    s: &mut SrqSide<H>,
+    qb1: u32,
+    a2: &mut Node<H>,
+    qa2: &mut QpOf<H>,
+    qb2: u32,
+    second_fails: bool,
+) {
+    let r = poll_n(&mut s.b.rcq, 2);
+    let got: Vec<_> = r.iter().map(|w| (w.wr_id, w.qp_num)).collect();
+    assert_eq!(got, [(0, qb1), (1, qb1)]);
+    assert_eq!(r[0].status, WcStatus::Success);
+    if second_fails {
+        assert!([WcStatus::LocLenErr, WcStatus::LocQpOpErr].contains(&r[1].status), "{:?}", r[1]);
+    } else {
+        assert_eq!(r[1].status, WcStatus::Success);
+    }
+    assert_no_completion(&mut s.b.rcq);
+    let mut c = SendChain::new();
+    for i in 0..2 {
+        c.push(SendWr::send(10 + i).signaled(), &[a2.sge(0, 16)]);
+    }
+    qa2.post_send(&c).unwrap();
+    assert!(poll_n(&mut a2.scq, 2).iter().all(|w| w.is_ok()));
+    let r = poll_n(&mut s.b.rcq, 2);
+    let got: Vec<_> = r.iter().map(|w| (w.wr_id, w.status, w.qp_num)).collect();
+    assert_eq!(got, [(2, WcStatus::Success, qb2), (3, WcStatus::Success, qb2)], "the SRQ kept requests 2 and 3");
+    assert_no_completion(&mut s.b.rcq);
+}
+
+/// ibv_post_send(3) ("bad_wr ... the first Work Request that its processing failed"; the
+/// ones after it are not posted) with the srq notes' "a RR will be fetched from the head of
+/// SRQ" only as "an incoming opcode ... will consume a RR": a post list of four SENDs to an
+/// SRQ whose third WR has a bad lkey consumes the requests of the two before it, and the
+/// next two requests go to the next messages, here another QP's. Where SGEs are checked at
+/// execution the third fails as a completion and the fourth is flushed; the receiver sees
+/// the same. (On `shm` the list's SENDs claim their requests with one CAS: those of the WRs
+/// that did not run go back to the SRQ.)
+pub fn srq_requests_behind_a_bad_send_stay_posted<H: Harness>(t: &str) {
+    let mut s = SrqSide::<H>::new(t, 0, 16);
+    for i in 0..6 {
+        s.post(i, RX + i as usize * 64, 64);
+    }
+    let (mut qb1, mut qb2) = (s.qp(QpType::Rc), s.qp(QpType::Rc));
+    let o = ConnOpts::default();
+    let (mut a1, mut qa1) = sender_to::<H>(t, 1, &mut qb1, &o);
+    let (mut a2, mut qa2) = sender_to::<H>(t, 2, &mut qb2, &o);
+    let mut c = SendChain::new();
+    for i in 0..4u64 {
+        let sge = if i == 2 { Sge::new(a1.addr(0), 16, a1.mr.lkey() ^ 0x0077_7000) } else { a1.sge(0, 16) };
+        c.push(SendWr::send(i).signaled(), &[sge]);
+    }
+    let posted = qa1.post_send(&c);
+    if H::sge_checked_at_post() {
+        expect_post_err(posted, Errno::EINVAL, 2);
+        assert!(poll_n(&mut a1.scq, 2).iter().all(|w| w.is_ok()));
+    } else {
+        posted.unwrap();
+        let w = poll_n(&mut a1.scq, 4);
+        assert_eq!(w.iter().map(|w| w.wr_id).collect::<Vec<_>>(), [0, 1, 2, 3]);
+        assert!(w[0].is_ok() && w[1].is_ok() && !w[2].is_ok(), "{w:?}");
+        assert_eq!(w[3].status, WcStatus::WrFlushErr);
+    }
+    assert_no_completion(&mut a1.scq);
+    let (n1, n2) = (qb1.qp_num(), qb2.qp_num());
+    srq_next_requests_go_to_another_qp::<H>(&mut s, n1, &mut a2, &mut qa2, n2, false);
+}
+
+/// The same from the receiver's side (srq notes: the requests are fetched one per incoming
+/// message; a receive that cannot hold its message completes with an error, and the QP, in
+/// ERROR, fetches no more): a post list of four 16-byte SENDs to an SRQ whose
+/// second request holds 8 bytes ends with that request's LOC_LEN_ERR; the sender's second
+/// WR fails with a remote error and the two after it are flushed; requests 2 and 3 stay in
+/// the SRQ for another QP's messages.
+pub fn srq_requests_behind_a_failed_receive_stay_posted<H: Harness>(t: &str) {
+    let mut s = SrqSide::<H>::new(t, 0, 16);
+    for i in 0..6 {
+        s.post(i, RX + i as usize * 64, if i == 1 { 8 } else { 64 });
+    }
+    let (mut qb1, mut qb2) = (s.qp(QpType::Rc), s.qp(QpType::Rc));
+    let o = ConnOpts::default();
+    let (mut a1, mut qa1) = sender_to::<H>(t, 1, &mut qb1, &o);
+    let (mut a2, mut qa2) = sender_to::<H>(t, 2, &mut qb2, &o);
+    let mut c = SendChain::new();
+    for i in 0..4u64 {
+        c.push(SendWr::send(i).signaled(), &[a1.sge(0, 16)]);
+    }
+    qa1.post_send(&c).unwrap();
+    let w = poll_n(&mut a1.scq, 4);
+    assert_eq!(w.iter().map(|w| w.wr_id).collect::<Vec<_>>(), [0, 1, 2, 3]);
+    // The requester's status for the responder's length error: REM_INV_REQ on `shm` (and
+    // mlx5), REM_OP on rxe.
+    let remote = [WcStatus::RemInvReqErr, WcStatus::RemOpErr];
+    assert!(w[0].is_ok() && remote.contains(&w[1].status), "{w:?}");
+    assert!(w[2..].iter().all(|w| w.status == WcStatus::WrFlushErr), "{w:?}");
+    assert_no_completion(&mut a1.scq);
+    let (n1, n2) = (qb1.qp_num(), qb2.qp_num());
+    srq_next_requests_go_to_another_qp::<H>(&mut s, n1, &mut a2, &mut qa2, n2, true);
+}
+
 /// srq notes: "What will happen if I will deregister an MR that is used by an outstanding WR?
 /// When processing a WR, if one of the MRs that are specified in the WR isn't valid, a Work
 /// Completion with error will be generated." No byte is written through the dead MR.
