@@ -185,8 +185,11 @@ fn post_list<const RUNS: bool>(f: &Fabric, st: &mut SqState, chain: &SendChain) 
         // queued ones (whose unused claims must be written for the drainer to reach them).
         publish_held(f, &mut st.held);
         mq_close(f, st);
-        if RUNS && st.run.left > 0 {
-            return_run(f, &mut st.run, &mut st.rx);
+        if RUNS {
+            st.run.shaped = 0;
+            if st.run.left > 0 {
+                return_run(f, &mut st.run, &mut st.rx);
+            }
         }
         // Most WRs have one SGE (or inline bytes, one segment): their segments fit an array
         // of one, which costs nothing to initialise, unlike room for MAX_SGE. TSO goes out of
@@ -200,8 +203,11 @@ fn post_list<const RUNS: bool>(f: &Fabric, st: &mut SqState, chain: &SendChain) 
     }
     publish_held(f, &mut st.held);
     mq_close(f, st);
-    if RUNS && st.run.left > 0 {
-        return_run(f, &mut st.run, &mut st.rx);
+    if RUNS {
+        st.run.shaped = 0;
+        if st.run.left > 0 {
+            return_run(f, &mut st.run, &mut st.rx);
+        }
     }
     Ok(())
 }
@@ -260,12 +266,20 @@ fn srq_take(
     if run.left > 0 {
         return_run(f, run, rx);
     }
-    let ahead = if max_ahead > 0 && d.mq.is_none() { ahead(max_ahead.min(MAX_RUN - 1)) } else { 0 };
+    let max = max_ahead.min(MAX_RUN - 1);
+    let ahead = match run.shaped {
+        _ if max == 0 || d.mq.is_some() => 0,
+        0 | 1 => ahead(max),
+        known => (known as usize - 1).min(max),
+    };
     if ahead == 0 {
         // (`take_held`: the single claim, without the run's loop.)
+        run.shaped = 0;
         return srq.take_held(f, rx);
     }
     let (pos, k) = srq.take_run_held(f, 1 + ahead as u64, rx)?;
+    // What the scan found beyond this claim, for the next SEND's (WRs `k..=ahead` from here).
+    run.shaped = (ahead as u64 + 1 - k) as u32;
     if k > 1 {
         if !run.dest.as_ref().is_some_and(|r| r.qpn == d.qpn && run.srqn == srq.srqn) {
             run.dest = Some(d.clone());
@@ -1227,7 +1241,7 @@ mod tests {
         assert_eq!(k, 3);
         let first = st.rx.wr_id;
         srq.ring.release(pos);
-        st.run = SrqRun { next: pos + 1, left: 2, srqn: srq.srqn, dest: Some(d) };
+        st.run = SrqRun { next: pos + 1, left: 2, srqn: srq.srqn, shaped: 0, dest: Some(d) };
         if other {
             let mut rx = RecvEntry::default();
             assert!(srq.take(f, &mut rx), "another consumer takes the request after the run");

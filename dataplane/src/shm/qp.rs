@@ -284,7 +284,7 @@ impl ShmQp {
             xrc_dest: None,
             mcast: None,
             rx: RecvEntry::default(),
-            run: SrqRun { next: 0, left: 0, srqn: 0, dest: None },
+            run: SrqRun { next: 0, left: 0, srqn: 0, shaped: 0, dest: None },
             held: super::sq::Held::new(),
             mq: Default::default(),
             mq_every: super::drain::mode() == super::drain::Mode::All,

@@ -174,6 +174,11 @@ pub(crate) struct SrqRun {
     pub(crate) left: u32,
     /// The number of the SRQ they belong to.
     pub(crate) srqn: u32,
+    /// The WRs from the one after the run on (that WR included) that `sends_ahead` found
+    /// to have a SEND's shape when it sized the last claim, which got fewer requests than it
+    /// asked for; 0 or 1: unknown past that WR. Spares a post list a scan per claim while
+    /// its SRQ has only a few requests at a time. 0 between calls.
+    pub(crate) shaped: u32,
     /// The target as it was at the claim: the SRQ the requests came from, and the CQ where
     /// requests left over are flushed (`doorbell::return_run`).
     pub(crate) dest: Option<DestView>,
