@@ -213,9 +213,10 @@ fn post_buffers_from(
     let Some(&first) = addrs.first() else { return Ok(()) };
     let mut last = None;
     validate_sge(f, pd, &Sge::new(first, len, lkey), 0, &mut last)?;
-    let Some((_, mr)) = last else { return Ok(()) };
-    // `first` passed, so the range is not empty.
-    let (lo, hi) = mr.addr_range(f, recv_sge_len(&Sge::new(first, len, lkey))).unwrap_or((1, 0));
+    // `first` passed, so its MR is in `last` and the range is not empty (were it either,
+    // every address would go the per-SGE way below).
+    let cap = recv_sge_len(&Sge::new(first, len, lkey));
+    let (lo, hi) = last.and_then(|(_, mr)| mr.addr_range(f, cap)).unwrap_or((1, 0));
     let valid = addrs.iter().position(|&a| a < lo || a > hi).unwrap_or(addrs.len());
     let pushed = ring.push_buffers(bound.limit, &mut bound.head_seen, &addrs[..valid], len, lkey);
     if pushed < valid {

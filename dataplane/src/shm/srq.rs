@@ -271,9 +271,10 @@ impl SrqView {
 
     /// [`SrqView::take_held`] of a run of up to `max` requests claimed with one CAS
     /// ([`recvq::pop_run`]): the first is read into `out`; returns its position and the
-    /// run's length. The caller must use every request of the run (a claim cannot be given
-    /// back; see `doorbell::srq_take`), read the others with `RecvRing::read_held` and
-    /// release each. The limit is checked once, after the whole run.
+    /// run's length. The caller must use every request of the run or hand it back
+    /// (`Ring::unclaim`; see `doorbell::srq_take` and `doorbell::return_run`), read the
+    /// others with `RecvRing::read_held` and release each. The limit is checked once, after
+    /// the whole run.
     #[inline]
     pub(crate) fn take_run_held(&self, f: &Fabric, max: u64, out: &mut recvq::RecvEntry) -> Option<(u64, u64)> {
         let run = recvq::pop_run(&self.ring, max, out)?;
