@@ -108,8 +108,9 @@ fn rdma_unsupported(case: &str) -> Option<&'static str> {
 /// srq_requests_behind_a_bad_send_stay_posted, whose WR 2 has the bad lkey, stalled the
 /// same way in the VM: one send completion of four in 20 s.)
 const RXE_STALLS_AFTER_LOCAL_PROT_ERR: &str = "rxe (Linux 6.1) intermittently stalls after the local protection \
-     error of WR 3 (receiver has WRs 0-2, no send completion, both QPs stay RTS: 3 CI runs of ~15); not a verdict \
-     on the provider, so not run here";
+     error of a WR in a post list (WR 3 of the post-list cases: receiver has WRs 0-2, no send completion, both QPs \
+     stay RTS, 3 CI runs of ~15; WR 2 of the SRQ case: 1 send completion of 4 in 20 s); not a verdict on the \
+     provider, so not run here";
 
 /// Case name and why it cannot pass on the `rdma` provider over rxe.
 const RDMA_UNSUPPORTED: &[(&str, &str)] = &[
