@@ -1167,6 +1167,27 @@ mod loom_tests {
         m.all_taken_once();
     }
 
+    /// Spawns `threads` consumers that each `pop` singly `pops` times, none waiting (an
+    /// empty pop counts); a stalled pop fails the model.
+    fn spawn_poppers(m: &Arc<Model>, threads: usize, pops: usize) -> Vec<thread::JoinHandle<()>> {
+        (0..threads)
+            .map(|_| {
+                let m = m.clone();
+                thread::spawn(move || {
+                    for _ in 0..pops {
+                        assert!(!matches!(m.ring.pop(|p| m.take(p)), Pop::Stalled), "a healthy ring stalled");
+                    }
+                })
+            })
+            .collect()
+    }
+
+    fn join(threads: Vec<thread::JoinHandle<()>>) {
+        for t in threads {
+            t.join().unwrap();
+        }
+    }
+
     /// A receive queue / SRQ: one producer (`push_single_bounded`, the owner's post; limit 1
     /// over 2 cells, so cells are reused) racing two consumers (`pop`, senders on two threads).
     /// No thread waits: a refused push or an empty pop is retried after the join.
@@ -1174,22 +1195,11 @@ mod loom_tests {
     fn loom_srq_one_producer_two_consumers() {
         loom::model(|| {
             let m = Model::new(2, 3);
-            let consumers: Vec<_> = (0..2)
-                .map(|_| {
-                    let m = m.clone();
-                    thread::spawn(move || {
-                        for _ in 0..2 {
-                            assert!(!matches!(m.ring.pop(|p| m.take(p)), Pop::Stalled), "a healthy ring stalled");
-                        }
-                    })
-                })
-                .collect();
+            let consumers = spawn_poppers(&m, 2, 2);
             let mut head_seen = 0;
             let pending: Vec<u64> =
                 (0..3).filter(|&v| !m.ring.push_single_bounded(1, &mut head_seen, m.fill(v))).collect();
-            for c in consumers {
-                c.join().unwrap();
-            }
+            join(consumers);
             finish(&m, pending, |m, v| m.ring.push_single_bounded(1, &mut 0, m.fill(v)), |m| m.ring.pop(|p| m.take(p)));
         });
     }
@@ -1201,16 +1211,7 @@ mod loom_tests {
     fn loom_srq_run_producer_two_consumers() {
         loom::model(|| {
             let m = Model::new(2, 4);
-            let consumers: Vec<_> = (0..2)
-                .map(|_| {
-                    let m = m.clone();
-                    thread::spawn(move || {
-                        for _ in 0..2 {
-                            assert!(!matches!(m.ring.pop(|p| m.take(p)), Pop::Stalled), "a healthy ring stalled");
-                        }
-                    })
-                })
-                .collect();
+            let consumers = spawn_poppers(&m, 2, 2);
             let mut head_seen = 0;
             let mut next = 0u64;
             for want in [3usize, 3] {
@@ -1220,9 +1221,7 @@ mod loom_tests {
                     m.ring.push_run_single_bounded(2, &mut head_seen, left, |i, c| m.fill(base + i as u64)(c)) as u64;
             }
             let pending: Vec<u64> = (next..4).rev().collect();
-            for c in consumers {
-                c.join().unwrap();
-            }
+            join(consumers);
             finish(&m, pending, |m, v| m.ring.push_single_bounded(2, &mut 0, m.fill(v)), |m| m.ring.pop(|p| m.take(p)));
         });
     }
@@ -1252,17 +1251,12 @@ mod loom_tests {
                     }
                 })
             };
-            let single = {
-                let m = m.clone();
-                thread::spawn(move || {
-                    assert!(!matches!(m.ring.pop(|p| m.take(p)), Pop::Stalled), "a healthy ring stalled");
-                })
-            };
+            let single = spawn_poppers(&m, 1, 1);
             let mut head_seen = 0;
             let pending: Vec<u64> =
                 (0..3).filter(|&v| !m.ring.push_single_bounded(u64::MAX, &mut head_seen, m.fill(v))).collect();
             runner.join().unwrap();
-            single.join().unwrap();
+            join(single);
             finish(
                 &m,
                 pending,
@@ -1304,17 +1298,12 @@ mod loom_tests {
                     }
                 })
             };
-            let single = {
-                let m = m.clone();
-                thread::spawn(move || {
-                    assert!(!matches!(m.ring.pop(|p| m.take(p)), Pop::Stalled), "a healthy ring stalled");
-                })
-            };
+            let single = spawn_poppers(&m, 1, 1);
             let mut head_seen = 0;
             let pending: Vec<u64> =
                 (0..3).filter(|&v| !m.ring.push_single_bounded(u64::MAX, &mut head_seen, m.fill(v))).collect();
             runner.join().unwrap();
-            single.join().unwrap();
+            join(single);
             finish(&m, pending, |m, v| m.ring.push_single_bounded(u64::MAX, &mut 0, m.fill(v)), pop_run);
         });
     }
