@@ -1320,39 +1320,59 @@ pub fn srq_zero_sge_request_takes_only_empty_message<H: Harness>(t: &str) {
     assert_eq!((r.wr_id, r.status), (2, WcStatus::LocLenErr));
 }
 
-/// The SENDs a post list ran first on an RC QP of `a1`, connected to `s`'s `qb1`, are done;
-/// checks that the receiver got requests 0 and 1 (ids from `0`) only, then that two SENDs
-/// of another sender (`a2` on `qa2`, connected to `qb2` on the same SRQ) take requests 2 and
-/// 3: the SRQ kept them. With `second_fails`, request 1's completion is a receive error
-/// (its buffer was too small: LOC_LEN_ERR on `shm` and mlx5, LOC_QP_OP_ERR on rxe).
-fn srq_next_requests_go_to_another_qp<H: Harness>(
-    s: &mut SrqSide<H>,
-    qb1: u32,
-    a2: &mut Node<H>,
-    qa2: &mut QpOf<H>,
-    qb2: u32,
-    second_fails: bool,
-) {
-    let r = poll_n(&mut s.b.rcq, 2);
-    let got: Vec<_> = r.iter().map(|w| (w.wr_id, w.qp_num)).collect();
-    assert_eq!(got, [(0, qb1), (1, qb1)]);
-    assert_eq!(r[0].status, WcStatus::Success);
-    if second_fails {
-        assert!([WcStatus::LocLenErr, WcStatus::LocQpOpErr].contains(&r[1].status), "{:?}", r[1]);
-    } else {
-        assert_eq!(r[1].status, WcStatus::Success);
+/// An SRQ (`s`, six requests of the given lengths at `RX + 64 i`, ids 0 to 5) shared by two
+/// RC QPs (`qb1`, `qb2`), each connected to its own sender (`a1` on `qa1`, `a2` on `qa2`).
+/// Fields drop in order: each QP before its node, the SRQ's QPs before the SRQ.
+struct TwoSendersOnSrq<H: Harness> {
+    qa2: QpOf<H>,
+    a2: Node<H>,
+    qa1: QpOf<H>,
+    a1: Node<H>,
+    qb2: QpOf<H>,
+    qb1: QpOf<H>,
+    s: SrqSide<H>,
+}
+
+impl<H: Harness> TwoSendersOnSrq<H> {
+    fn new(t: &str, lens: [u32; 6]) -> Self {
+        let mut s = SrqSide::<H>::new(t, 0, 16);
+        for (i, len) in (0..).zip(lens) {
+            s.post(i, RX + i as usize * 64, len);
+        }
+        let (mut qb1, mut qb2) = (s.qp(QpType::Rc), s.qp(QpType::Rc));
+        let o = ConnOpts::default();
+        let (a1, qa1) = sender_to::<H>(t, 1, &mut qb1, &o);
+        let (a2, qa2) = sender_to::<H>(t, 2, &mut qb2, &o);
+        TwoSendersOnSrq { s, qb1, qb2, a1, qa1, a2, qa2 }
     }
-    assert_no_completion(&mut s.b.rcq);
-    let mut c = SendChain::new();
-    for i in 0..2 {
-        c.push(SendWr::send(10 + i).signaled(), &[a2.sge(0, 16)]);
+
+    /// The SENDs a post list on `qa1` ran first are done; checks that the receiver got
+    /// requests 0 and 1 only, on `qb1`, then that two SENDs on `qa2` take requests 2 and 3:
+    /// the SRQ kept them. With `second_fails`, request 1's completion is a receive error
+    /// (its buffer was too small: LOC_LEN_ERR on `shm` and mlx5, LOC_QP_OP_ERR on rxe).
+    fn next_requests_go_to_the_second_qp(&mut self, second_fails: bool) {
+        let (n1, n2) = (self.qb1.qp_num(), self.qb2.qp_num());
+        let r = poll_n(&mut self.s.b.rcq, 2);
+        let got: Vec<_> = r.iter().map(|w| (w.wr_id, w.qp_num)).collect();
+        assert_eq!(got, [(0, n1), (1, n1)]);
+        assert_eq!(r[0].status, WcStatus::Success);
+        if second_fails {
+            assert!([WcStatus::LocLenErr, WcStatus::LocQpOpErr].contains(&r[1].status), "{:?}", r[1]);
+        } else {
+            assert_eq!(r[1].status, WcStatus::Success);
+        }
+        assert_no_completion(&mut self.s.b.rcq);
+        let mut c = SendChain::new();
+        for i in 0..2 {
+            c.push(SendWr::send(10 + i).signaled(), &[self.a2.sge(0, 16)]);
+        }
+        self.qa2.post_send(&c).unwrap();
+        assert!(poll_n(&mut self.a2.scq, 2).iter().all(|w| w.is_ok()));
+        let r = poll_n(&mut self.s.b.rcq, 2);
+        let got: Vec<_> = r.iter().map(|w| (w.wr_id, w.status, w.qp_num)).collect();
+        assert_eq!(got, [(2, WcStatus::Success, n2), (3, WcStatus::Success, n2)], "the SRQ kept requests 2 and 3");
+        assert_no_completion(&mut self.s.b.rcq);
     }
-    qa2.post_send(&c).unwrap();
-    assert!(poll_n(&mut a2.scq, 2).iter().all(|w| w.is_ok()));
-    let r = poll_n(&mut s.b.rcq, 2);
-    let got: Vec<_> = r.iter().map(|w| (w.wr_id, w.status, w.qp_num)).collect();
-    assert_eq!(got, [(2, WcStatus::Success, qb2), (3, WcStatus::Success, qb2)], "the SRQ kept requests 2 and 3");
-    assert_no_completion(&mut s.b.rcq);
 }
 
 /// ibv_post_send(3) ("bad_wr ... the first Work Request that its processing failed"; the
@@ -1364,14 +1384,8 @@ fn srq_next_requests_go_to_another_qp<H: Harness>(
 /// the same. (On `shm` the list's SENDs claim their requests with one CAS: those of the WRs
 /// that did not run go back to the SRQ.)
 pub fn srq_requests_behind_a_bad_send_stay_posted<H: Harness>(t: &str) {
-    let mut s = SrqSide::<H>::new(t, 0, 16);
-    for i in 0..6 {
-        s.post(i, RX + i as usize * 64, 64);
-    }
-    let (mut qb1, mut qb2) = (s.qp(QpType::Rc), s.qp(QpType::Rc));
-    let o = ConnOpts::default();
-    let (mut a1, mut qa1) = sender_to::<H>(t, 1, &mut qb1, &o);
-    let (mut a2, mut qa2) = sender_to::<H>(t, 2, &mut qb2, &o);
+    let mut p = TwoSendersOnSrq::<H>::new(t, [64; 6]);
+    let (a1, qa1) = (&mut p.a1, &mut p.qa1);
     let mut c = SendChain::new();
     for i in 0..4u64 {
         let sge = if i == 2 { Sge::new(a1.addr(0), 16, a1.mr.lkey() ^ 0x0077_7000) } else { a1.sge(0, 16) };
@@ -1389,8 +1403,7 @@ pub fn srq_requests_behind_a_bad_send_stay_posted<H: Harness>(t: &str) {
         assert_eq!(w[3].status, WcStatus::WrFlushErr);
     }
     assert_no_completion(&mut a1.scq);
-    let (n1, n2) = (qb1.qp_num(), qb2.qp_num());
-    srq_next_requests_go_to_another_qp::<H>(&mut s, n1, &mut a2, &mut qa2, n2, false);
+    p.next_requests_go_to_the_second_qp(false);
 }
 
 /// The same from the receiver's side (srq notes: the requests are fetched one per incoming
@@ -1400,14 +1413,8 @@ pub fn srq_requests_behind_a_bad_send_stay_posted<H: Harness>(t: &str) {
 /// WR fails with a remote error and the two after it are flushed; requests 2 and 3 stay in
 /// the SRQ for another QP's messages.
 pub fn srq_requests_behind_a_failed_receive_stay_posted<H: Harness>(t: &str) {
-    let mut s = SrqSide::<H>::new(t, 0, 16);
-    for i in 0..6 {
-        s.post(i, RX + i as usize * 64, if i == 1 { 8 } else { 64 });
-    }
-    let (mut qb1, mut qb2) = (s.qp(QpType::Rc), s.qp(QpType::Rc));
-    let o = ConnOpts::default();
-    let (mut a1, mut qa1) = sender_to::<H>(t, 1, &mut qb1, &o);
-    let (mut a2, mut qa2) = sender_to::<H>(t, 2, &mut qb2, &o);
+    let mut p = TwoSendersOnSrq::<H>::new(t, [64, 8, 64, 64, 64, 64]);
+    let (a1, qa1) = (&mut p.a1, &mut p.qa1);
     let mut c = SendChain::new();
     for i in 0..4u64 {
         c.push(SendWr::send(i).signaled(), &[a1.sge(0, 16)]);
@@ -1421,8 +1428,7 @@ pub fn srq_requests_behind_a_failed_receive_stay_posted<H: Harness>(t: &str) {
     assert!(w[0].is_ok() && remote.contains(&w[1].status), "{w:?}");
     assert!(w[2..].iter().all(|w| w.status == WcStatus::WrFlushErr), "{w:?}");
     assert_no_completion(&mut a1.scq);
-    let (n1, n2) = (qb1.qp_num(), qb2.qp_num());
-    srq_next_requests_go_to_another_qp::<H>(&mut s, n1, &mut a2, &mut qa2, n2, true);
+    p.next_requests_go_to_the_second_qp(true);
 }
 
 /// srq notes: "What will happen if I will deregister an MR that is used by an outstanding WR?
