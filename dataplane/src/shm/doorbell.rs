@@ -300,7 +300,7 @@ fn srq_take(
 /// for requests that went back: an event a little early, never a missed one.)
 #[cold]
 #[inline(never)]
-pub(crate) fn return_run(f: &Fabric, run: &mut SrqRun, rx: &mut RecvEntry) {
+fn return_run(f: &Fabric, run: &mut SrqRun, rx: &mut RecvEntry) {
     let left = std::mem::take(&mut run.left);
     let Some(d) = &run.dest else { return };
     let Some(srq) = &d.srq else { return };
