@@ -29,11 +29,20 @@ impl Level {
     /// A queue of `depth` buffers, refilled below `low` (at most `depth - 1`).
     pub fn new(depth: u32, low: u32) -> Level {
         let low = low.min(depth.saturating_sub(1));
-        Level { depth, low, top_up: depth - low + 1, posted: 0 }
+        Level { depth, low, top_up: Level::max_top_up(depth, low), posted: 0 }
+    }
+
+    /// The largest top-up batch: `depth - low + 1` (missing that many is being below `low`),
+    /// but at most `depth`, so that a queue with a watermark of 0 (a depth of 1 gets one:
+    /// `low < depth`) is refilled once empty rather than never; at least 1 (a level of depth
+    /// 0 is never due all the same: nothing is ever missing).
+    fn max_top_up(depth: u32, low: u32) -> u32 {
+        (depth - low + 1).min(depth).max(1)
     }
 
     /// Tops the queue up as soon as `n` buffers are missing (at least 1; at most
-    /// `depth - low + 1`, the default: refill only below the watermark).
+    /// `depth - low + 1`, the default: refill only below the watermark; with a watermark of
+    /// 0, at most `depth`: refill once empty).
     ///
     /// Why: a refill takes its buffers from the worker's [`PoolCache`], and the receives
     /// return them one by one. A swing larger than the cache's batch overflows the cache on
@@ -42,7 +51,7 @@ impl Level {
     /// ~130 instructions per echoed message in the ring). Topping up in cache-sized batches
     /// keeps the buffers in the cache, and keeps the queue fuller.
     pub fn set_top_up(&mut self, n: u32) {
-        self.top_up = n.clamp(1, self.depth - self.low + 1);
+        self.top_up = n.clamp(1, Level::max_top_up(self.depth, self.low));
     }
 
     /// Buffers currently posted.
@@ -373,6 +382,25 @@ mod tests {
         take_n(&mut r, &mut b, 1);
         assert!(r.maybe_refill(&mut b, &mut cache, &w));
         assert_eq!(r.posted(), 64);
+    }
+
+    /// A queue with a watermark of 0 (`recv_depth = 1`, whose watermark `depth / 2` is 0, or
+    /// `srq_low_watermark = 0`) is refilled once empty, whatever top-up batch it was given.
+    /// (It was never due again: "below 0" cannot happen, and the top-up batch was clamped to
+    /// `depth + 1`; the echo pipeline with `recv_depth = 1` stopped after one message.)
+    #[test]
+    fn a_queue_with_watermark_zero_is_refilled_once_empty() {
+        for (depth, top_up) in [(1, 32), (1, 1), (64, 1000)] {
+            let mut level = Level::new(depth, 0);
+            level.set_top_up(top_up);
+            level.posted = depth;
+            for _ in 0..depth {
+                assert!(!level.due() || top_up < depth, "due with buffers posted (depth {depth})");
+                level.received();
+            }
+            assert!(level.due(), "an empty queue of depth {depth}, batch {top_up}, is not due");
+        }
+        assert!(!Level::new(0, 0).due(), "a level of depth 0 must never be due");
     }
 
     /// A QP's own receive queue through the same bookkeeping: the refill posts on the QP
