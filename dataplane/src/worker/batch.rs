@@ -193,9 +193,24 @@ impl<Q: Qp> SendBatch<Q> {
         self.chain.clear();
     }
 
-    /// Handles a send completion of this QP: releases the buffers of it and every earlier WR.
+    /// Handles a send completion of this QP: releases the buffers of it and every earlier WR
+    /// to `cache`.
     #[inline]
     pub fn complete(&mut self, wc: &WorkCompletion, w: &WorkerCounters, cache: &mut PoolCache) {
+        self.complete_into(wc, w, cache, |_| 0);
+    }
+
+    /// [`complete`](Self::complete) that first offers the released buffers to `keep`, which
+    /// returns how many of each slice it took, from its start (the worker's receive refill:
+    /// [`super::srq::RecvBuffers::keep_spares`]); the rest go to `cache`.
+    #[inline]
+    pub fn complete_into(
+        &mut self,
+        wc: &WorkCompletion,
+        w: &WorkerCounters,
+        cache: &mut PoolCache,
+        mut keep: impl FnMut(&[Buf]) -> usize,
+    ) {
         match wc.status {
             WcStatus::Success | WcStatus::WrFlushErr => {}
             WcStatus::RnrRetryExcErr => {
@@ -217,8 +232,10 @@ impl<Q: Qp> SendBatch<Q> {
         let (front, back) = self.bufs.as_slices();
         let (front, back) =
             if k <= front.len() { (&front[..k], &back[..0]) } else { (front, &back[..k - front.len()]) };
-        let _ = cache.put_many(front);
-        let _ = cache.put_many(back);
+        let kept = keep(front);
+        let _ = cache.put_many(&front[kept..]);
+        let kept = keep(back);
+        let _ = cache.put_many(&back[kept..]);
         self.bufs.drain(..k);
         self.done_seq = wc.wr_id + 1;
     }

@@ -1,5 +1,6 @@
 //! One iteration of the busy-poll loop.
 
+use super::srq::Level;
 use super::stats::{LatencyBuckets, StageCounters};
 use super::{StageSlot, Worker};
 use crate::mem::{BufferPool, PoolCache};
@@ -43,9 +44,13 @@ impl<P: Provider> Worker<P> {
                 stats.errors.add(1);
                 0
             });
+            // Completed sends' buffers go straight to the next refills, as many as the SRQ
+            // and the QPs' own receive queues miss, rather than through the pool.
+            let missing = if n == 0 { 0 } else { self.srq.missing() + self.own_queues_missing() };
+            let recv = &mut self.recv;
             for wc in &self.wc[..n] {
                 if let Some(i) = self.qp_nums.iter().position(|&q| q == wc.qp_num) {
-                    self.batches[i].complete(wc, stats, &mut self.cache);
+                    self.batches[i].complete_into(wc, stats, &mut self.cache, |b| recv.keep_spares(b, missing));
                 }
             }
             work += n;
@@ -233,6 +238,12 @@ impl<P: Provider> Worker<P> {
 }
 
 impl<P: Provider> Worker<P> {
+    /// Buffers the QPs' own receive queues miss (0 if none has one).
+    #[inline]
+    fn own_queues_missing(&self) -> usize {
+        self.rq_qps.iter().filter_map(|&q| self.rq_levels[q as usize].as_ref()).map(Level::missing).sum()
+    }
+
     /// Step 7 for the QPs with a receive queue of their own: each below its watermark or a
     /// top-up batch short is refilled through its QP (out of line: most workers have none).
     /// Returns the refills made.

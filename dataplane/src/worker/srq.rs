@@ -59,6 +59,12 @@ impl Level {
         self.posted
     }
 
+    /// Buffers missing: what the next refill posts (0 once stopped).
+    #[inline]
+    pub fn missing(&self) -> usize {
+        self.depth.saturating_sub(self.posted) as usize
+    }
+
     /// One posted buffer was received (or flushed).
     #[inline]
     pub fn received(&mut self) {
@@ -93,6 +99,10 @@ pub struct RecvBuffers {
     pool: BufferPool,
     /// One bit per pool buffer: set while posted on one of the worker's receive queues.
     bits: Vec<u64>,
+    /// Buffers of completed sends kept for the next refill ([`keep_spares`](Self::keep_spares)),
+    /// still the worker's: the refill posts them without a trip through the pool (a
+    /// `PoolCache::put`'s double-free CAS and a `get`'s state update each).
+    spare: Vec<Buf>,
 }
 
 impl RecvBuffers {
@@ -109,6 +119,7 @@ impl RecvBuffers {
             lkey,
             bits: vec![0; pool.count().div_ceil(64)],
             pool: pool.clone(),
+            spare: Vec::with_capacity(n),
         }
     }
 
@@ -118,8 +129,24 @@ impl RecvBuffers {
         if n > self.addrs.capacity() {
             self.addrs.reserve_exact(n);
             self.bufs.reserve_exact(n);
+            self.spare.reserve_exact(n - self.spare.len());
             self.chain = RecvChain::with_capacity(n, n);
         }
+    }
+
+    /// Keeps the first of `bufs` (buffers of the worker's completed sends, still acquired
+    /// from the pool) for the next refill, as many as `missing` (what the receive queues
+    /// lack: the next refills will post that many) leaves room for beyond the spares already
+    /// kept; returns how many it kept. The caller returns the others to the pool. Bounded by
+    /// what the queues miss, spares never hold buffers the worker will not post soon (a
+    /// worker that only sends keeps none), and never allocate (`spare` holds the deepest
+    /// queue's refill).
+    #[inline]
+    pub fn keep_spares(&mut self, bufs: &[Buf], missing: usize) -> usize {
+        let room = missing.min(self.spare.capacity()).saturating_sub(self.spare.len());
+        let k = bufs.len().min(room);
+        self.spare.extend_from_slice(&bufs[..k]);
+        k
     }
 
     /// A receive completed: the buffer at `addr` left its queue. Returns its handle, or
@@ -151,7 +178,10 @@ impl RecvBuffers {
         self.addrs.clear();
         self.bufs.clear();
         // Within the capacities reserved in `new` (`want <= depth <= max_batch`): no allocation.
-        let n = cache.get_into(&mut self.bufs, want);
+        // The spares first (the newest, as a cache hands out its warmest), then the cache.
+        let spared = self.spare.len().min(want);
+        self.bufs.extend(self.spare.drain(self.spare.len() - spared..).rev());
+        let n = spared + cache.get_into(&mut self.bufs, want - spared);
         if n == 0 {
             return Ok(0);
         }
@@ -179,8 +209,12 @@ impl RecvBuffers {
         res.map(|()| ok)
     }
 
-    /// Returns every buffer still posted (at shutdown, when no more receives can land).
+    /// Returns every buffer still posted (at shutdown, when no more receives can land), and
+    /// the spares.
     pub fn release_all(&mut self, cache: &mut PoolCache) {
+        for buf in self.spare.drain(..) {
+            let _ = cache.put(buf);
+        }
         let (base, stride) = (self.pool.base_addr(), self.pool.buf_size() as u64);
         for (wi, word) in self.bits.iter_mut().enumerate() {
             while *word != 0 {
@@ -249,6 +283,12 @@ impl<S: Srq> Replenisher<S> {
     /// The SRQ limit event fired.
     pub fn on_limit_event(&mut self) {
         self.limit_hit = true;
+    }
+
+    /// Buffers the SRQ misses: what its next refill posts (0 while inactive or stopped).
+    #[inline]
+    pub fn missing(&self) -> usize {
+        self.level.missing()
     }
 
     /// `n` receives through the SRQ completed (their buffers came back through
@@ -382,6 +422,39 @@ mod tests {
         take_n(&mut r, &mut b, 1);
         assert!(r.maybe_refill(&mut b, &mut cache, &w));
         assert_eq!(r.posted(), 64);
+    }
+
+    /// Spares (buffers of completed sends kept by `keep_spares`) never exceed what the queues
+    /// miss, the next refill posts them before taking any from the cache, and shutdown
+    /// returns those left to the pool.
+    #[test]
+    fn spares_are_bounded_by_what_is_missing_and_posted_first() {
+        let (mut r, mut b, mut cache, w, _keep) = setup("srq-spares");
+        r.activate(&mut b, &mut cache, &w);
+        take_n(&mut r, &mut b, 20);
+        assert_eq!(r.missing(), 20);
+        // Ten buffers "sent" and completed: the queue misses 20, but the caller said 4.
+        let sent: Vec<Buf> = (0..10).map(|_| cache.get().unwrap()).collect();
+        assert_eq!(b.keep_spares(&sent, 4), 4);
+        assert_eq!(b.keep_spares(&sent[4..], 4), 0, "spares beyond what is missing");
+        assert_eq!(b.keep_spares(&sent[4..6], r.missing()), 2);
+        let in_cache = cache.len();
+        r.refill(&mut b, &mut cache, &w);
+        assert_eq!(r.posted(), 64);
+        assert_eq!(cache.len(), in_cache - 14, "the refill took 14 from the cache, 6 from the spares");
+        for buf in &sent[..6] {
+            assert!(b.take(buf.addr()).is_some(), "spare {} was not posted", buf.index());
+        }
+        for &buf in &sent[6..] {
+            cache.put(buf).unwrap();
+        }
+        // Left over at shutdown: back to the pool with the posted ones.
+        let more: Vec<Buf> = (0..3).map(|_| cache.get().unwrap()).collect();
+        assert_eq!(b.keep_spares(&more, 64), 3);
+        b.release_all(&mut cache);
+        for buf in more {
+            assert!(cache.put(buf).is_err(), "spare {} was not returned", buf.index());
+        }
     }
 
     /// A queue with a watermark of 0 (`recv_depth = 1`, whose watermark `depth / 2` is 0, or
