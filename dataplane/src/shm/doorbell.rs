@@ -183,14 +183,7 @@ fn post_list<const RUNS: bool>(f: &Fabric, st: &mut SqState, chain: &SendChain) 
         }
         // Everything below completes in posting order after the held SENDs, and after the
         // queued ones (whose unused claims must be written for the drainer to reach them).
-        publish_held(f, &mut st.held);
-        mq_close(f, st);
-        if RUNS {
-            st.run.shaped = 0;
-            if st.run.left > 0 {
-                return_run(f, &mut st.run, &mut st.rx);
-            }
-        }
+        settle::<RUNS>(f, st);
         // Most WRs have one SGE (or inline bytes, one segment): their segments fit an array
         // of one, which costs nothing to initialise, unlike room for MAX_SGE. TSO goes out of
         // line with the multi-SGE WRs (kept out of this loop: its call here made LLVM stop
@@ -201,6 +194,15 @@ fn post_list<const RUNS: bool>(f: &Fabric, st: &mut SqState, chain: &SendChain) 
             post_many(f, st, wr, sges, inline, chain, i, &mut state, &mut retired)?;
         }
     }
+    settle::<RUNS>(f, st);
+    Ok(())
+}
+
+/// Ends what the fast path left open: the held SENDs' stores published, the queued ones'
+/// unused claims written (`mq_close`), and (`RUNS`) the SRQ requests a run claimed for WRs
+/// that did not take them handed back (`return_run`), with the run's scan forgotten.
+#[inline(always)]
+fn settle<const RUNS: bool>(f: &Fabric, st: &mut SqState) {
     publish_held(f, &mut st.held);
     mq_close(f, st);
     if RUNS {
@@ -209,7 +211,6 @@ fn post_list<const RUNS: bool>(f: &Fabric, st: &mut SqState, chain: &SendChain) 
             return_run(f, &mut st.run, &mut st.rx);
         }
     }
-    Ok(())
 }
 
 /// Most SRQ requests one CAS claims for a post list's SENDs (`srq_take`): as many as one
@@ -333,8 +334,7 @@ fn post_lone(f: &Fabric, st: &mut SqState, wr: &SendWr, chain: &SendChain) -> bo
     if !post_fast::<false>(f, st, wr, sge, &mut state, &mut retired, 0, |_| 0) {
         return false;
     }
-    publish_held(f, &mut st.held);
-    mq_close(f, st);
+    settle::<false>(f, st);
     true
 }
 
