@@ -12,7 +12,7 @@ use super::drain::{self, F_IMM, F_REF, F_SIGNALED, F_SOLICITED, META_WORDS, MQ_P
 use super::exec::*;
 use super::fabric::{pid_alive, pid_alive_recently, Fabric};
 use super::layout::*;
-use super::mr::mr_lookup;
+use super::mr::{mr_lookup, MrView};
 use super::msgq::{MsgQueue, PAYLOAD_WORDS};
 use super::place::*;
 use super::recvq::{self, RecvEntry, MAX_SGE};
@@ -168,6 +168,7 @@ fn post_list<const RUNS: bool>(f: &Fabric, st: &mut SqState, chain: &SendChain) 
     }
     let mut retired = st.slot().sq_retired.load(Ordering::Acquire);
     let last = chain.wrs().len().saturating_sub(1);
+    let mut seen = ListSeen::default();
     for (i, wr) in chain.wrs().iter().enumerate() {
         let sges = chain.sges_of(wr);
         let inline = chain.inline_of(wr);
@@ -177,10 +178,15 @@ fn post_list<const RUNS: bool>(f: &Fabric, st: &mut SqState, chain: &SendChain) 
             // from it. The SENDs after it that certainly take an SRQ request (`sends_ahead`)
             // may have theirs claimed with its own (`srq_take`).
             let ahead = |max| if RUNS { sends_ahead(chain, i + 1, max) } else { 0 };
-            if post_fast::<false>(f, st, wr, sge, &mut state, &mut retired, last - i, ahead) {
+            // (A post of one WR has nothing to remember: a fresh `ListSeen` is folded away.)
+            let seen = if RUNS { &mut seen } else { &mut ListSeen::default() };
+            if post_fast::<false>(f, st, wr, sge, &mut state, &mut retired, last - i, seen, ahead) {
                 continue;
             }
         }
+        // The general path may change what `seen` vouches for (a failed delivery moves the
+        // target to ERROR, an RNR retry re-resolves it): the next fast WR checks it all again.
+        seen = ListSeen::default();
         // Everything below completes in posting order after the held SENDs, and after the
         // queued ones (whose unused claims must be written for the drainer to reach them).
         settle::<RUNS>(f, st);
@@ -323,6 +329,26 @@ fn return_run(f: &Fabric, run: &mut SrqRun, rx: &mut RecvEntry) {
     }
 }
 
+/// What [`post_fast`] checked for the earlier WRs of one post list, and does not read again
+/// while the list's WRs keep taking the fast path (`post_list` forgets it when one does not).
+///
+/// A post list is one doorbell: a NIC reads its WQEs as one burst and resolves the
+/// connection once. The target's liveness, state and connection (shared lines the peer
+/// writes) are read for the first WR; a change made by another thread during the post lands
+/// as if just after it, as it could have per WR. An lkey is looked up for the first WR that
+/// names it (deregistering an MR that a post in flight uses is the caller's error, as on a
+/// NIC); each WR's bytes are still checked against it (`MrView::translate`).
+#[derive(Default)]
+pub(crate) struct ListSeen {
+    /// `dest` found the cached target alive, and the target receives, is connected to this QP
+    /// and is of its type.
+    dest_ok: bool,
+    /// The view of the last lkey that passed the MR checks (an MR of our PD, not a window).
+    mr: Option<MrView>,
+    /// That lkey (meaningless while `mr` is `None`).
+    lkey: u32,
+}
+
 /// A post of one WR with one SGE (not inline) through [`post_fast`], in a function of its
 /// own; false, with nothing done, when the fast path does not take it.
 #[inline(never)]
@@ -331,7 +357,7 @@ fn post_lone(f: &Fabric, st: &mut SqState, wr: &SendWr, chain: &SendChain) -> bo
     // `post_fast` takes only an RTS queue with nothing pending; anything else returns false.
     let mut state = st.state();
     let mut retired = st.slot().sq_retired.load(Ordering::Acquire);
-    if !post_fast::<false>(f, st, wr, sge, &mut state, &mut retired, 0, |_| 0) {
+    if !post_fast::<false>(f, st, wr, sge, &mut state, &mut retired, 0, &mut ListSeen::default(), |_| 0) {
         return false;
     }
     settle::<false>(f, st);
@@ -364,6 +390,7 @@ pub(crate) fn post_fast<const XRC: bool>(
     state: &mut QpState,
     retired: &mut u32,
     rest: usize,
+    seen: &mut ListSeen,
     ahead: impl FnOnce(usize) -> usize,
 ) -> bool {
     let hold = rest > 0;
@@ -389,9 +416,15 @@ pub(crate) fn post_fast<const XRC: bool>(
         }
         f.offset_of(sge.addr, sge.length as u64).and_then(|off| f.ptr(off, sge.length as u64))
     } else {
-        mr_lookup(f, sge.lkey)
-            .filter(|m| !m.window && m.pd == st.pd)
-            .and_then(|m| m.translate(f, sge.addr, sge.length as u64))
+        let mr = match &seen.mr {
+            Some(m) if seen.lkey == sge.lkey => m,
+            _ => {
+                let Some(m) = mr_lookup(f, sge.lkey).filter(|m| !m.window && m.pd == st.pd) else { return false };
+                seen.lkey = sge.lkey;
+                seen.mr.insert(m)
+            }
+        };
+        mr.translate(f, sge.addr, sge.length as u64)
     };
     let Some(src) = src else {
         return false;
@@ -402,13 +435,20 @@ pub(crate) fn post_fast<const XRC: bool>(
             return false;
         }
     }
-    let Some(d) = dest(f, &mut st.dest, st.dest_qpn) else { return false };
-    let ds = f.qp_slot(d.idx);
-    let ready = QpState::from_u8(ds.state.load(Ordering::Acquire) as u8).is_some_and(QpState::receives);
-    let peer = if XRC { QpType::XrcRecv } else { st.qp_type };
-    if !ready || ds.dest_qpn.load(Ordering::Relaxed) != st.qpn || d.qp_type != peer {
-        return false;
-    }
+    let d = if seen.dest_ok {
+        let Some(d) = st.dest.as_ref() else { return false };
+        d
+    } else {
+        let Some(d) = dest(f, &mut st.dest, st.dest_qpn) else { return false };
+        let ds = f.qp_slot(d.idx);
+        let ready = QpState::from_u8(ds.state.load(Ordering::Acquire) as u8).is_some_and(QpState::receives);
+        let peer = if XRC { QpType::XrcRecv } else { st.qp_type };
+        if !ready || ds.dest_qpn.load(Ordering::Relaxed) != st.qpn || d.qp_type != peer {
+            return false;
+        }
+        seen.dest_ok = true;
+        d
+    };
     // XRC: the SRQ the request names, behind the XRC_RECV QP (a wrong one: the general path
     // reports it).
     let d = if XRC {
@@ -619,6 +659,8 @@ pub(crate) fn post_fast<const XRC: bool>(
     }
     if status != WcStatus::Success {
         *state = QpState::Error;
+        // The failed delivery may have moved the target to ERROR too.
+        *seen = ListSeen::default();
     }
     true
 }
@@ -840,7 +882,7 @@ pub(crate) fn post_fast_xrc(
     state: &mut QpState,
     retired: &mut u32,
 ) -> bool {
-    post_fast::<true>(f, st, wr, sge, state, retired, 0, |_| 0)
+    post_fast::<true>(f, st, wr, sge, state, retired, 0, &mut ListSeen::default(), |_| 0)
 }
 
 /// `post_one` for a WR with several SGEs, and TSO requests ([`post_tso`]), out of line to
