@@ -236,6 +236,23 @@ pub(crate) fn recv_stride(max_sge: u32) -> usize {
     (8 + RECV_HDR_LEN + RECV_SGE_LEN * max_sge.max(1) as usize).next_multiple_of(64)
 }
 
+/// Cells of a connected QP's own receive ring (RC, UC, XRC) for `max_recv_wr` requested:
+/// the next power of two above it, at least one more than asked for, and what the QP
+/// reports as its `max_recv_wr` (`ibv_create_qp` may report more than requested). Bounded by
+/// `max_qp_wr` (a power of two), where there is no spare cell.
+///
+/// Why the spare cell (session 43): a receiver that keeps exactly as many requests posted as
+/// the ring has cells (`dp-perf send_lat -r 512`, perftest's default, into a ring of 512)
+/// writes each repost into the cell the sender released last, and the ping-pong's one-way
+/// latency was 270-290 ns; with one cell to spare (`-r 511` in 512, or 512 in 1024) the
+/// repost writes a cell released one message earlier and it was 185-192 ns. Checking the
+/// limit on that just-released cell instead (a ring of twice the cells) was as slow, and the
+/// consumer's `head` slower still (315-368 ns); the mechanism was not pinned down (no
+/// hardware counters on the VM). So the ring gets the spare cell and reports it.
+pub(crate) fn own_recv_cells(max_recv_wr: u32, max_qp_wr: u32) -> u32 {
+    max_recv_wr.saturating_add(1).next_power_of_two().min(max_qp_wr.next_power_of_two()).max(1)
+}
+
 /// CQ ring cells are one cache line: 8-byte sequence + 56-byte CQE.
 pub(crate) const CQE_STRIDE: usize = 64;
 /// Event ring cells: sequence + kind + element.

@@ -185,7 +185,12 @@ impl ShmQp {
         // UD and RAW_PACKET RQs have senders on any thread, so one descheduled mid-take can
         // hold a cell while others go on: twice the cells, bounded by the count (as SRQs).
         let many_senders = matches!(attr.qp_type, QpType::Ud | QpType::RawPacket);
-        let max_recv_wr = c.max_recv_wr.next_power_of_two();
+        // A connected QP's ring has a cell to spare (`own_recv_cells`).
+        let max_recv_wr = if many_senders {
+            c.max_recv_wr.next_power_of_two()
+        } else {
+            own_recv_cells(c.max_recv_wr, caps.max_qp_wr)
+        };
         let rq = match srq {
             _ if xrc => None,
             Some(_) => None,

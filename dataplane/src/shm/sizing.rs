@@ -2,7 +2,7 @@
 //! before a run (`dataplane check`), so that a pipeline the device cannot hold is refused with
 //! the field to change instead of failing at bring-up.
 
-use super::layout::{recv_stride, CQE_STRIDE, TABLES};
+use super::layout::{own_recv_cells, recv_stride, CQE_STRIDE, TABLES};
 use super::msgq::MsgQueue;
 use super::ring::Ring;
 use crate::verbs::DeviceCaps;
@@ -43,10 +43,11 @@ pub fn cq_ring_bytes(cqe: u32) -> u64 {
     alloc_bytes(Ring::bytes(cap, CQE_STRIDE) as u64)
 }
 
-/// Fabric bytes of the ring of a QP's own receive queue of `max_wr` entries with `max_sge`
-/// scatter entries each.
+/// Fabric bytes of the ring of a connected QP's own receive queue created with `max_wr`
+/// entries (its cells: `own_recv_cells`, one to spare) of `max_sge` scatter entries each.
 pub fn recv_queue_bytes(max_wr: u32, max_sge: u32) -> u64 {
-    alloc_bytes(Ring::bytes(u64::from(max_wr).next_power_of_two() as usize, recv_stride(max_sge)) as u64)
+    let cells = own_recv_cells(max_wr, super::shm_caps(0).max_qp_wr);
+    alloc_bytes(Ring::bytes(cells as usize, recv_stride(max_sge)) as u64)
 }
 
 /// Fabric bytes of an SRQ of `max_wr` entries with `max_sge` scatter entries each: its ring
