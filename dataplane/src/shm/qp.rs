@@ -601,4 +601,33 @@ mod tests {
         assert!(qp.sq.try_lock().is_some());
         assert!(!qp.sq.busy.load(Ordering::Relaxed));
     }
+
+    /// A connected QP's own RQ has a cell to spare (`own_recv_cells`) and reports its cells;
+    /// UD keeps its power of two (its ring is twice that, bounded by the count); the device's
+    /// `max_qp_wr` bounds the cells.
+    #[test]
+    fn an_rc_rq_has_a_cell_to_spare_and_reports_it() {
+        use crate::Qp;
+        let ctx = unit_context("rq-spare");
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(8).unwrap();
+        let max = ctx.caps().max_qp_wr;
+        for (qp_type, asked, cells) in [
+            (QpType::Rc, 1, 2),
+            (QpType::Rc, 500, 512),
+            (QpType::Rc, 512, 1024),
+            (QpType::Uc, 8, 16),
+            (QpType::Rc, max, max),
+            (QpType::Ud, 512, 512),
+        ] {
+            let cap = QpCaps { max_recv_wr: asked, ..QpCaps::default() };
+            let attr = QpInitAttr { send_cq: &cq, recv_cq: &cq, srq: None, cap, qp_type, sq_sig_all: false };
+            let qp = pd.create_qp(&attr).unwrap();
+            assert_eq!(qp.caps().max_recv_wr, cells, "{qp_type:?} asking for {asked}");
+            assert_eq!(
+                qp.rq.as_ref().unwrap().0.capacity(),
+                u64::from(cells) * if qp_type == QpType::Ud { 2 } else { 1 }
+            );
+        }
+    }
 }
