@@ -127,7 +127,7 @@ fn shm_fabric_need(cfg: &Config) -> u64 {
     });
     let rqs = cfg.qps.iter().filter(|q| !*q.use_srq).map(|q| match *q.transport {
         Transport::Rc => sizing::recv_queue_bytes(*q.recv_depth, 1),
-        Transport::Ud | Transport::RawPacket => sizing::srq_bytes(*q.recv_depth, 1),
+        Transport::Ud | Transport::RawPacket => sizing::unconnected_recv_queue_bytes(*q.recv_depth, 1),
     });
     pools.chain(queues).chain(rqs).fold(sizing::tables_bytes(), u64::saturating_add)
 }

@@ -50,9 +50,17 @@ pub fn recv_queue_bytes(max_wr: u32, max_sge: u32) -> u64 {
     alloc_bytes(Ring::bytes(cells as usize, recv_stride(max_sge)) as u64)
 }
 
-/// Fabric bytes of an SRQ of `max_wr` entries with `max_sge` scatter entries each: its ring
-/// has twice `max_wr` cells (why: [`crate::shm::ShmSrq`]).
+/// Fabric bytes of an SRQ created with `max_wr` entries of `max_sge` scatter entries each:
+/// its ring has twice its reported `max_wr` cells (`own_recv_cells`; why twice:
+/// [`crate::shm::ShmSrq`]).
 pub fn srq_bytes(max_wr: u32, max_sge: u32) -> u64 {
+    let cells = 2 * u64::from(own_recv_cells(max_wr, super::shm_caps(0).max_srq_wr));
+    alloc_bytes(Ring::bytes(cells as usize, recv_stride(max_sge)) as u64)
+}
+
+/// Fabric bytes of the ring of a UD or RAW_PACKET QP's own receive queue of `max_wr`
+/// entries: twice `max_wr` rounded up to a power of two, as an SRQ's, without the spare.
+pub fn unconnected_recv_queue_bytes(max_wr: u32, max_sge: u32) -> u64 {
     alloc_bytes(Ring::bytes(2 * u64::from(max_wr).next_power_of_two() as usize, recv_stride(max_sge)) as u64)
 }
 
@@ -99,5 +107,24 @@ mod tests {
         let cq = ctx.create_cq_sender_side(1000).unwrap();
         assert_eq!(bump() - before, cq_ring_bytes(1000), "a CQ without a queue");
         drop(cq);
+    }
+
+    /// `srq_bytes` is what creating an SRQ takes from the arena, spare cells included
+    /// (`own_recv_cells`: 512 asked for is a ring of 2,048 cells).
+    #[test]
+    fn an_srq_takes_what_srq_bytes_says() {
+        use crate::verbs::SrqAttr;
+        use crate::Pd;
+        let name = format!("unit-sizing-srq-{}", std::process::id());
+        let ctx = Shm::open(&ShmConfig { fabric: name, size: 8 << 20, huge: Default::default() }).unwrap();
+        let bump = || ctx.inner.fabric.hdr().arena_bump.load(std::sync::atomic::Ordering::Relaxed);
+        let pd = ctx.alloc_pd().unwrap();
+        let mut srqs = Vec::new();
+        for max_wr in [1, 500, 512] {
+            let before = bump();
+            srqs.push(pd.create_srq(&SrqAttr { max_wr, max_sge: 1, srq_limit: 0 }).unwrap());
+            assert_eq!(bump() - before, srq_bytes(max_wr, 1), "{max_wr} requests");
+        }
+        assert!(srq_bytes(512, 1) >= 2048 * 64);
     }
 }

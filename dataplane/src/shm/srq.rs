@@ -19,7 +19,9 @@ pub(crate) struct SrqShared {
     pub(crate) pd: u32,
     /// Twice `max_wr` cells (see [`ShmSrq`]).
     pub(crate) ring: RecvRing,
-    /// Requests the SRQ holds (the requested `max_wr` rounded up to a power of two).
+    /// Requests the SRQ holds and reports as its `max_wr`: the next power of two above the
+    /// requested `max_wr` (`layout::own_recv_cells`: a receiver that keeps what it asked for
+    /// posted stays below the count, so its posts do not read `head`, which every take writes).
     pub(crate) max_wr: u32,
     pub(crate) max_sge: u32,
     ring_off: u64,
@@ -116,7 +118,7 @@ impl ShmSrq {
             ));
         }
         let f = &ctx.fabric;
-        let max_wr = attr.max_wr.next_power_of_two();
+        let max_wr = super::layout::own_recv_cells(attr.max_wr, caps.max_srq_wr);
         let cap = 2 * max_wr as usize;
         let stride = recv_stride(attr.max_sge);
         let ring_len = Ring::bytes(cap, stride) as u64;
