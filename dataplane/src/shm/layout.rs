@@ -236,10 +236,11 @@ pub(crate) fn recv_stride(max_sge: u32) -> usize {
     (8 + RECV_HDR_LEN + RECV_SGE_LEN * max_sge.max(1) as usize).next_multiple_of(64)
 }
 
-/// Cells of a connected QP's own receive ring (RC, UC, XRC) for `max_recv_wr` requested:
-/// the next power of two above it, at least one more than asked for, and what the QP
-/// reports as its `max_recv_wr` (`ibv_create_qp` may report more than requested). Bounded by
-/// `max_qp_wr` (a power of two), where there is no spare cell.
+/// Cells of a connected QP's own receive ring (RC, UC) for `max_recv_wr` requested: the next
+/// power of two above it, at least one more than asked for, and what the QP reports as its
+/// `max_recv_wr` (`ibv_create_qp` may report more than requested). Bounded by `max_qp_wr`
+/// (a power of two), where there is no spare cell. An SRQ's `max_wr` is rounded the same way
+/// (bounded by `max_srq_wr`; its ring is twice that, see `ShmSrq`).
 ///
 /// Why the spare cell (session 43): a receiver that keeps exactly as many requests posted as
 /// the ring has cells (`dp-perf send_lat -r 512`, perftest's default, into a ring of 512)
