@@ -251,7 +251,9 @@ pub(crate) fn recv_stride(max_sge: u32) -> usize {
 /// consumer's `head` slower still (315-368 ns); the mechanism was not pinned down (no
 /// hardware counters on the VM). So the ring gets the spare cell and reports it.
 pub(crate) fn own_recv_cells(max_recv_wr: u32, max_qp_wr: u32) -> u32 {
-    max_recv_wr.saturating_add(1).next_power_of_two().min(max_qp_wr.next_power_of_two()).max(1)
+    // Bounded before rounding: `next_power_of_two` above 2^31 overflows (a request not yet
+    // checked against the device, `sizing`). Same result: the bound is a power of two.
+    max_recv_wr.saturating_add(1).min(max_qp_wr.next_power_of_two()).next_power_of_two()
 }
 
 /// CQ ring cells are one cache line: 8-byte sequence + 56-byte CQE.
@@ -320,5 +322,18 @@ mod tests {
         assert_eq!((t.qp, t.cq, t.srq, t.mr, t.end), (24_576, 286_720, 352_256, 368_640, 2 << 20));
         assert_eq!((t.mcast, t.flow), (630_784, 643_072));
         assert_eq!(std::mem::size_of::<FlowSlot>(), 64);
+    }
+
+    /// A spare cell above every request, up to the device's bound, without overflow for a
+    /// request not yet checked against it.
+    #[test]
+    fn own_recv_cells_rounds_above_the_request_within_the_bound() {
+        let max = 1 << 15;
+        for (asked, cells) in [(0, 1), (1, 2), (2, 4), (500, 512), (511, 512), (512, 1024), (max - 1, max), (max, max)]
+        {
+            assert_eq!(own_recv_cells(asked, max), cells, "{asked}");
+        }
+        assert_eq!(own_recv_cells(u32::MAX, max), max);
+        assert_eq!(own_recv_cells(3_000_000_000, max), max);
     }
 }
