@@ -4,9 +4,10 @@
 //! up); [`RecvBuffers`] posts buffers from the worker's [`PoolCache`] to any of them with one
 //! call (one doorbell: a chained post on providers without a faster way, one ring write on
 //! `shm`) and keeps the bookkeeping common to all: a posted buffer's `wr_id` is its address,
-//! so a receive completion maps back to its buffer ([`BufferPool::index_of_addr`]), and a
-//! bitmap of the buffers posted lets shutdown return the ones still sitting in a queue (an
-//! SRQ is not flushed when its QPs enter ERROR). The [`Replenisher`] is the SRQ's level, its
+//! so a receive completion maps back to its buffer ([`BufferPool::index_at`]), and the tags
+//! of the handles posted (per pool buffer, 0 when not posted) rebuild the handle without
+//! reading the pool's shared state and let shutdown return the buffers still sitting in a
+//! queue (an SRQ is not flushed when its QPs enter ERROR). The [`Replenisher`] is the SRQ's level, its
 //! limit event and the SRQ itself; a QP's own receive queue is posted through its QP.
 
 use super::stats::WorkerCounters;
@@ -97,8 +98,11 @@ pub struct RecvBuffers {
     buf_len: u32,
     lkey: u32,
     pool: BufferPool,
-    /// One bit per pool buffer: set while posted on one of the worker's receive queues.
-    bits: Vec<u64>,
+    /// Per pool buffer: the tag of its handle while posted on one of the worker's receive
+    /// queues, 0 otherwise (a held buffer's tag is odd). Kept here so that a receive maps
+    /// its `wr_id` back to the handle without reading the pool's state word, a line other
+    /// workers of a shared pool write ([`BufferPool::index_at`]).
+    tags: Vec<u32>,
     /// Buffers of completed sends kept for the next refill ([`keep_spares`](Self::keep_spares)),
     /// still the worker's: the refill posts them without a trip through the pool (a
     /// `PoolCache::put`'s double-free CAS and a `get`'s state update each).
@@ -117,7 +121,7 @@ impl RecvBuffers {
             bufs: Vec::with_capacity(n),
             buf_len,
             lkey,
-            bits: vec![0; pool.count().div_ceil(64)],
+            tags: vec![0; pool.count()],
             pool: pool.clone(),
             spare: Vec::with_capacity(n),
         }
@@ -153,13 +157,9 @@ impl RecvBuffers {
     /// `None` for an address the worker did not post.
     #[inline]
     pub fn take(&mut self, addr: u64) -> Option<Buf> {
-        let buf = self.pool.index_of_addr(addr)?;
-        let (w, b) = (buf.index() as usize / 64, buf.index() % 64);
-        if self.bits[w] & (1 << b) == 0 {
-            return None;
-        }
-        self.bits[w] &= !(1 << b);
-        Some(buf)
+        let index = self.pool.index_at(addr)?;
+        let tag = std::mem::take(self.tags.get_mut(index as usize)?);
+        (tag != 0).then(|| self.pool.handle_at(index, tag))
     }
 
     /// Posts the buffers `level` misses (as many as the cache gives) with one call of `post`
@@ -195,8 +195,7 @@ impl RecvBuffers {
             }
         };
         for &buf in &self.bufs[..ok] {
-            let idx = buf.index() as usize;
-            self.bits[idx / 64] |= 1 << (idx % 64);
+            self.tags[buf.index() as usize] = buf.tag();
         }
         for &buf in &self.bufs[ok..] {
             let _ = cache.put(buf);
@@ -215,14 +214,9 @@ impl RecvBuffers {
         for buf in self.spare.drain(..) {
             let _ = cache.put(buf);
         }
-        let (base, stride) = (self.pool.base_addr(), self.pool.buf_size() as u64);
-        for (wi, word) in self.bits.iter_mut().enumerate() {
-            while *word != 0 {
-                let b = word.trailing_zeros() as usize;
-                *word &= !(1 << b);
-                if let Some(buf) = self.pool.index_of_addr(base + (wi * 64 + b) as u64 * stride) {
-                    let _ = cache.put(buf);
-                }
+        for (index, tag) in self.tags.iter_mut().enumerate() {
+            if *tag != 0 {
+                let _ = cache.put(self.pool.handle_at(index as u32, std::mem::take(tag)));
             }
         }
     }
@@ -367,11 +361,7 @@ mod tests {
     fn take_n(r: &mut Replenisher<crate::shm::ShmSrq>, bufs: &mut RecvBuffers, n: usize) {
         let posted: Vec<u64> = (0..bufs.pool.count() as u64)
             .map(|i| bufs.pool.base_addr() + i * bufs.pool.buf_size() as u64)
-            .filter(|&a| {
-                bufs.pool
-                    .index_of_addr(a)
-                    .is_some_and(|b| bufs.bits[b.index() as usize / 64] & (1 << (b.index() % 64)) != 0)
-            })
+            .filter(|&a| bufs.pool.index_at(a).is_some_and(|i| bufs.tags[i as usize] != 0))
             .take(n)
             .collect();
         assert_eq!(posted.len(), n);
@@ -427,6 +417,29 @@ mod tests {
     /// Spares (buffers of completed sends kept by `keep_spares`) never exceed what the queues
     /// miss, the next refill posts them before taking any from the cache, and shutdown
     /// returns those left to the pool.
+    #[test]
+    fn take_rebuilds_the_posted_handle_and_refuses_other_addresses() {
+        let (mut r, mut b, mut cache, w, _keep) = setup("srq-take");
+        r.activate(&mut b, &mut cache, &w);
+        let (base, stride, count) = (b.pool.base_addr(), b.pool.buf_size() as u64, b.pool.count() as u64);
+        let (posted, free): (Vec<u64>, Vec<u64>) =
+            (0..count).map(|i| base + i * stride).partition(|&a| b.tags[b.pool.index_at(a).unwrap() as usize] != 0);
+        assert_eq!(posted.len(), 64);
+        assert!(b.take(free[0]).is_none(), "a buffer that was not posted");
+        assert!(b.take(posted[0] + 8).is_none(), "an address inside a posted buffer");
+        assert!(b.take(base + count * stride).is_none(), "an address past the pool");
+        assert!(b.take(base - stride).is_none(), "an address before the pool");
+        let h = b.take(posted[0]).unwrap();
+        assert_eq!(h.addr(), posted[0]);
+        assert!(b.take(posted[0]).is_none(), "taken twice");
+        // The handle is the one the refill posted (its tag passes the double-free check once).
+        cache.put(h).unwrap();
+        assert!(cache.put(h).is_err(), "a stale handle was accepted");
+        // Shutdown returns the 63 still posted: every buffer is then in the cache or the ring.
+        b.release_all(&mut cache);
+        assert_eq!(b.pool.available(), count as usize);
+    }
+
     #[test]
     fn spares_are_bounded_by_what_is_missing_and_posted_first() {
         let (mut r, mut b, mut cache, w, _keep) = setup("srq-spares");
