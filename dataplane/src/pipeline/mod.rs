@@ -245,6 +245,11 @@ impl LocalQueue {
     }
 
     #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.q.len() == 0
+    }
+
+    #[inline]
     pub(crate) fn len(&self) -> usize {
         self.q.len()
     }

@@ -336,6 +336,9 @@ pub struct Worker<P: Provider> {
     pub(crate) stage_input: Vec<Option<u16>>,
     /// Queue entries one received message can create at most (sum of stage outputs).
     pub(crate) fan: usize,
+    /// The receive budget of a loop that starts with the local queue empty (most loops):
+    /// computed once here, so the loop divides by `fan` only when the queue holds messages.
+    pub(crate) empty_budget: usize,
     pub(crate) pool: BufferPool,
     pub(crate) cache: PoolCache,
     pub(crate) queue: LocalQueue,
@@ -412,6 +415,7 @@ impl<P: Provider> Worker<P> {
             sources: Vec::new(),
             stage_input: Vec::new(),
             fan: 1,
+            empty_budget: 0,
             pool,
             cache,
             stats,
@@ -649,6 +653,7 @@ impl<P: Provider> Worker<P> {
         let cap = (self.params.poll_burst.max(1) as usize + 1) * outs * 2 + 64;
         self.fan = outs;
         self.queue = LocalQueue::new(cap);
+        self.empty_budget = self.wc.len().min(self.queue.free() / self.fan);
         idx
     }
 

@@ -68,7 +68,8 @@ impl<P: Provider> Worker<P> {
         // deadlock); what the stages send to a full QP waits in the local queue, whose free
         // space bounds the burst.
         let stopping = self.ctl.stop_sources.load(Ordering::Relaxed);
-        let budget = self.wc.len().min(self.queue.free() / self.fan);
+        let budget =
+            if self.queue.is_empty() { self.empty_budget } else { self.wc.len().min(self.queue.free() / self.fan) };
         if budget > 0 {
             let n = self.rcq.poll_busy(&mut self.wc[..budget]).unwrap_or_else(|_| {
                 stats.errors.add(1);
