@@ -647,7 +647,7 @@ impl BufferPool {
     /// shared by several workers lie 16 to a cache line, which the other workers write as
     /// they take and return their own buffers; a worker that kept the tag of a handle it
     /// lent out ([`crate::worker::srq::RecvBuffers`], per received message) rebuilds the
-    /// handle with [`handle_at`](Self::handle_at) and reads no line another core writes
+    /// handle with `handle_at` (crate-private) and reads no line another core writes
     /// (the echo pipeline on one shared pool: ~10 ns of each one-way trip, session 44).
     #[inline]
     pub fn index_at(&self, addr: u64) -> Option<u32> {
