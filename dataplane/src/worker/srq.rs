@@ -7,8 +7,9 @@
 //! so a receive completion maps back to its buffer ([`BufferPool::index_at`]), and the tags
 //! of the handles posted (per pool buffer, 0 when not posted) rebuild the handle without
 //! reading the pool's shared state and let shutdown return the buffers still sitting in a
-//! queue (an SRQ is not flushed when its QPs enter ERROR). The [`Replenisher`] is the SRQ's level, its
-//! limit event and the SRQ itself; a QP's own receive queue is posted through its QP.
+//! queue (an SRQ is not flushed when its QPs enter ERROR). The [`Replenisher`] is the SRQ's
+//! level, its limit event and the SRQ itself; a QP's own receive queue is posted through its
+//! QP.
 
 use super::stats::WorkerCounters;
 use crate::mem::{Buf, BufferPool, PoolCache};
@@ -414,9 +415,9 @@ mod tests {
         assert_eq!(r.posted(), 64);
     }
 
-    /// Spares (buffers of completed sends kept by `keep_spares`) never exceed what the queues
-    /// miss, the next refill posts them before taking any from the cache, and shutdown
-    /// returns those left to the pool.
+    /// A receive's `wr_id` maps back to the very handle the refill posted (from the tag kept
+    /// at post time, not the pool's state word), once, and only for an address the worker
+    /// posted.
     #[test]
     fn take_rebuilds_the_posted_handle_and_refuses_other_addresses() {
         let (mut r, mut b, mut cache, w, _keep) = setup("srq-take");
@@ -440,6 +441,9 @@ mod tests {
         assert_eq!(b.pool.available(), count as usize);
     }
 
+    /// Spares (buffers of completed sends kept by `keep_spares`) never exceed what the queues
+    /// miss, the next refill posts them before taking any from the cache, and shutdown
+    /// returns those left to the pool.
     #[test]
     fn spares_are_bounded_by_what_is_missing_and_posted_first() {
         let (mut r, mut b, mut cache, w, _keep) = setup("srq-spares");
