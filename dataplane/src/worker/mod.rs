@@ -653,7 +653,7 @@ impl<P: Provider> Worker<P> {
         let cap = (self.params.poll_burst.max(1) as usize + 1) * outs * 2 + 64;
         self.fan = outs;
         self.queue = LocalQueue::new(cap);
-        self.empty_budget = self.wc.len().min(self.queue.free() / self.fan);
+        self.empty_budget = self.receive_budget();
         idx
     }
 

@@ -68,8 +68,7 @@ impl<P: Provider> Worker<P> {
         // deadlock); what the stages send to a full QP waits in the local queue, whose free
         // space bounds the burst.
         let stopping = self.ctl.stop_sources.load(Ordering::Relaxed);
-        let budget =
-            if self.queue.is_empty() { self.empty_budget } else { self.wc.len().min(self.queue.free() / self.fan) };
+        let budget = if self.queue.is_empty() { self.empty_budget } else { self.receive_budget() };
         if budget > 0 {
             let n = self.rcq.poll_busy(&mut self.wc[..budget]).unwrap_or_else(|_| {
                 stats.errors.add(1);
@@ -239,6 +238,13 @@ impl<P: Provider> Worker<P> {
 }
 
 impl<P: Provider> Worker<P> {
+    /// Receives one loop may take: no more than the completion array holds, nor than the
+    /// local queue has room for if each fans out to every stage output.
+    #[inline]
+    pub(crate) fn receive_budget(&self) -> usize {
+        self.wc.len().min(self.queue.free() / self.fan)
+    }
+
     /// Buffers the QPs' own receive queues miss (0 if none has one).
     #[inline]
     fn own_queues_missing(&self) -> usize {
