@@ -46,22 +46,25 @@ pub fn cq_ring_bytes(cqe: u32) -> u64 {
 /// Fabric bytes of the ring of a connected QP's own receive queue created with `max_wr`
 /// entries (its cells: `own_recv_cells`, one to spare) of `max_sge` scatter entries each.
 pub fn recv_queue_bytes(max_wr: u32, max_sge: u32) -> u64 {
-    let cells = own_recv_cells(max_wr, super::shm_caps(0).max_qp_wr);
-    alloc_bytes(Ring::bytes(cells as usize, recv_stride(max_sge)) as u64)
+    recv_ring_bytes(u64::from(own_recv_cells(max_wr, super::shm_caps(0).max_qp_wr)), max_sge)
 }
 
 /// Fabric bytes of an SRQ created with `max_wr` entries of `max_sge` scatter entries each:
 /// its ring has twice its reported `max_wr` cells (`own_recv_cells`; why twice:
 /// [`crate::shm::ShmSrq`]).
 pub fn srq_bytes(max_wr: u32, max_sge: u32) -> u64 {
-    let cells = 2 * u64::from(own_recv_cells(max_wr, super::shm_caps(0).max_srq_wr));
-    alloc_bytes(Ring::bytes(cells as usize, recv_stride(max_sge)) as u64)
+    recv_ring_bytes(2 * u64::from(own_recv_cells(max_wr, super::shm_caps(0).max_srq_wr)), max_sge)
 }
 
 /// Fabric bytes of the ring of a UD or RAW_PACKET QP's own receive queue of `max_wr`
 /// entries: twice `max_wr` rounded up to a power of two, as an SRQ's, without the spare.
 pub fn unconnected_recv_queue_bytes(max_wr: u32, max_sge: u32) -> u64 {
-    alloc_bytes(Ring::bytes(2 * u64::from(max_wr).next_power_of_two() as usize, recv_stride(max_sge)) as u64)
+    recv_ring_bytes(2 * u64::from(max_wr).next_power_of_two(), max_sge)
+}
+
+/// Fabric bytes of a receive ring of `cells` requests of `max_sge` scatter entries each.
+fn recv_ring_bytes(cells: u64, max_sge: u32) -> u64 {
+    alloc_bytes(Ring::bytes(cells as usize, recv_stride(max_sge)) as u64)
 }
 
 #[cfg(test)]
