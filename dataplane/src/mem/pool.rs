@@ -666,6 +666,31 @@ impl BufferPool {
         Some(index as u32)
     }
 
+    /// Hints the CPU to fetch the first cache line of buffer `index` into this core's cache
+    /// for writing (PREFETCHW), ahead of a receive that will write it and a stage that will
+    /// read it (`RecvBuffers::prefetch_next`). A hint: nothing for an index out of range or
+    /// on other architectures.
+    #[inline]
+    pub(crate) fn prefetch_for_write(&self, index: u32, len: usize) {
+        if index >= self.inner.count {
+            return;
+        }
+        let start = self.inner.base.as_ptr().wrapping_add(index as usize * self.inner.stride);
+        let lines = len.min(self.inner.stride).div_ceil(CACHE_LINE).clamp(1, 16);
+        for k in 0..lines {
+            let line = start.wrapping_add(k * CACHE_LINE);
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: a prefetch is a hint with no architectural effect (no load or store that
+            // could race, no fault); the address is inside buffer `index` (checked above) of
+            // the pool's mapping.
+            unsafe {
+                std::arch::asm!("prefetchw [{0}]", in(reg) line as *const u8, options(nostack, preserves_flags, readonly));
+            };
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = line;
+        }
+    }
+
     /// The handle of buffer `index` (`< count`) issued with `tag`: a handle its holder took
     /// apart and keeps the tag of. `put` checks it as any other handle.
     #[inline]

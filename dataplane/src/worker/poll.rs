@@ -143,6 +143,10 @@ impl<P: Provider> Worker<P> {
             stats.rx_msgs.add(rx_msgs);
             stats.rx_bytes.add(rx_bytes);
             self.srq.received(srq_taken);
+            // The buffer the next receive lands in, warmed while the worker waits for it.
+            if n > 0 {
+                self.recv.prefetch_next(self.wc[n - 1].byte_len);
+            }
             work += n;
         }
         // Messages handed on below (some made by the sources) are a new burst.

@@ -25,13 +25,16 @@ pub struct Level {
     /// Missing buffers that trigger a top-up before the low watermark.
     top_up: u32,
     posted: u32,
+    /// Pool index of the buffer this queue was given last ([`NO_NEXT`] before the first
+    /// refill): the next refill's first buffer is consumed after it.
+    last: u32,
 }
 
 impl Level {
     /// A queue of `depth` buffers, refilled below `low` (at most `depth - 1`).
     pub fn new(depth: u32, low: u32) -> Level {
         let low = low.min(depth.saturating_sub(1));
-        Level { depth, low, top_up: Level::max_top_up(depth, low), posted: 0 }
+        Level { depth, low, top_up: Level::max_top_up(depth, low), posted: 0, last: NO_NEXT }
     }
 
     /// The largest top-up batch: `depth - low + 1` (missing that many is being below `low`),
@@ -87,6 +90,22 @@ impl Level {
     }
 }
 
+/// [`Posted::next`] of a buffer whose successor in its queue is not posted yet.
+const NO_NEXT: u32 = u32::MAX;
+
+/// What the worker keeps per pool buffer while it sits in one of its receive queues.
+#[derive(Debug, Clone, Copy)]
+struct Posted {
+    /// The tag of the posted handle; 0 when the buffer is not posted.
+    tag: u32,
+    /// The pool index of the buffer posted right after it on the same queue ([`NO_NEXT`]
+    /// if none yet): the one the queue's next receive lands in, since a receive queue (an
+    /// SRQ too) is consumed in posting order. A hint for [`RecvBuffers::prefetch_next`]
+    /// only, never a handle: a buffer re-posted elsewhere in between costs one useless
+    /// prefetch.
+    next: u32,
+}
+
 /// The worker's receive buffers while they are posted, on whichever queue.
 pub struct RecvBuffers {
     /// Scratch for providers that post a refill as a chain.
@@ -100,10 +119,14 @@ pub struct RecvBuffers {
     lkey: u32,
     pool: BufferPool,
     /// Per pool buffer: the tag of its handle while posted on one of the worker's receive
-    /// queues, 0 otherwise (a held buffer's tag is odd). Kept here so that a receive maps
-    /// its `wr_id` back to the handle without reading the pool's state word, a line other
-    /// workers of a shared pool write ([`BufferPool::index_at`]).
-    tags: Vec<u32>,
+    /// queues, 0 otherwise (a held buffer's tag is odd), and the buffer posted after it.
+    /// Kept here so that a receive maps its `wr_id` back to the handle without reading the
+    /// pool's state word, a line other workers of a shared pool write
+    /// ([`BufferPool::index_at`]).
+    posted: Vec<Posted>,
+    /// The buffer the last receive's queue fills next ([`Posted::next`] of the last
+    /// [`take`](Self::take)n buffer).
+    next: u32,
     /// Buffers of completed sends kept for the next refill ([`keep_spares`](Self::keep_spares)),
     /// still the worker's: the refill posts them without a trip through the pool (a
     /// `PoolCache::put`'s double-free CAS and a `get`'s state update each).
@@ -122,7 +145,8 @@ impl RecvBuffers {
             bufs: Vec::with_capacity(n),
             buf_len,
             lkey,
-            tags: vec![0; pool.count()],
+            posted: vec![Posted { tag: 0, next: NO_NEXT }; pool.count()],
+            next: NO_NEXT,
             pool: pool.clone(),
             spare: Vec::with_capacity(n),
         }
@@ -159,8 +183,27 @@ impl RecvBuffers {
     #[inline]
     pub fn take(&mut self, addr: u64) -> Option<Buf> {
         let index = self.pool.index_at(addr)?;
-        let tag = std::mem::take(self.tags.get_mut(index as usize)?);
+        let p = self.posted.get_mut(index as usize)?;
+        let tag = std::mem::take(&mut p.tag);
+        self.next = p.next;
         (tag != 0).then(|| self.pool.handle_at(index, tag))
+    }
+
+    /// Fetches the first line of the buffer the last taken one's queue fills next into this
+    /// core's cache, for writing. Called once per burst of receives.
+    ///
+    /// Why: a queue of `depth` buffers hands each one out `depth` receives after it was
+    /// posted, so the line a receive writes (the `shm` CQ copies a small payload there when
+    /// it is polled; a NIC or a peer's copy writes it) and the stage then reads has left
+    /// this core's caches meanwhile: with the default SRQ of 1,024 buffers of 2 KiB, a
+    /// miss on each side of the echo pipeline's round trip (one-way 255 ns against 239 with
+    /// an SRQ of 256, session 45). Fetched now, between messages, it is warm when the next
+    /// one lands, as DDIO makes a NIC's writes land in the last-level cache.
+    #[inline]
+    pub fn prefetch_next(&self, len: u32) {
+        if self.next != NO_NEXT {
+            self.pool.prefetch_for_write(self.next, len as usize);
+        }
     }
 
     /// Posts the buffers `level` misses (as many as the cache gives) with one call of `post`
@@ -195,8 +238,16 @@ impl RecvBuffers {
                 e.bad_wr.min(n)
             }
         };
-        for &buf in &self.bufs[..ok] {
-            self.tags[buf.index() as usize] = buf.tag();
+        if let (Some(first), Some(last)) = (self.bufs[..ok].first(), self.bufs[..ok].last()) {
+            // The queue's order: its previous last buffer, then these in posting order.
+            if let Some(p) = self.posted.get_mut(level.last as usize) {
+                p.next = first.index();
+            }
+            for pair in self.bufs[..ok].windows(2) {
+                self.posted[pair[0].index() as usize] = Posted { tag: pair[0].tag(), next: pair[1].index() };
+            }
+            self.posted[last.index() as usize] = Posted { tag: last.tag(), next: NO_NEXT };
+            level.last = last.index();
         }
         for &buf in &self.bufs[ok..] {
             let _ = cache.put(buf);
@@ -215,9 +266,9 @@ impl RecvBuffers {
         for buf in self.spare.drain(..) {
             let _ = cache.put(buf);
         }
-        for (index, tag) in self.tags.iter_mut().enumerate() {
-            if *tag != 0 {
-                let _ = cache.put(self.pool.handle_at(index as u32, std::mem::take(tag)));
+        for (index, p) in self.posted.iter_mut().enumerate() {
+            if p.tag != 0 {
+                let _ = cache.put(self.pool.handle_at(index as u32, std::mem::take(&mut p.tag)));
             }
         }
     }
@@ -362,7 +413,7 @@ mod tests {
     fn take_n(r: &mut Replenisher<crate::shm::ShmSrq>, bufs: &mut RecvBuffers, n: usize) {
         let posted: Vec<u64> = (0..bufs.pool.count() as u64)
             .map(|i| bufs.pool.base_addr() + i * bufs.pool.buf_size() as u64)
-            .filter(|&a| bufs.pool.index_at(a).is_some_and(|i| bufs.tags[i as usize] != 0))
+            .filter(|&a| bufs.pool.index_at(a).is_some_and(|i| bufs.posted[i as usize].tag != 0))
             .take(n)
             .collect();
         assert_eq!(posted.len(), n);
@@ -423,8 +474,9 @@ mod tests {
         let (mut r, mut b, mut cache, w, _keep) = setup("srq-take");
         r.activate(&mut b, &mut cache, &w);
         let (base, stride, count) = (b.pool.base_addr(), b.pool.buf_size() as u64, b.pool.count() as u64);
-        let (posted, free): (Vec<u64>, Vec<u64>) =
-            (0..count).map(|i| base + i * stride).partition(|&a| b.tags[b.pool.index_at(a).unwrap() as usize] != 0);
+        let (posted, free): (Vec<u64>, Vec<u64>) = (0..count)
+            .map(|i| base + i * stride)
+            .partition(|&a| b.posted[b.pool.index_at(a).unwrap() as usize].tag != 0);
         assert_eq!(posted.len(), 64);
         assert!(b.take(free[0]).is_none(), "a buffer that was not posted");
         assert!(b.take(posted[0] + 8).is_none(), "an address inside a posted buffer");
@@ -439,6 +491,41 @@ mod tests {
         // Shutdown returns the 63 still posted: every buffer is then in the cache or the ring.
         b.release_all(&mut cache);
         assert_eq!(b.pool.available(), count as usize);
+    }
+
+    /// A taken buffer names the one its queue fills next (`prefetch_next`'s hint): the
+    /// buffer posted after it, across refills, and within the posted part of a refill whose
+    /// post failed part-way; none after the last one posted.
+    #[test]
+    fn take_names_the_next_buffer_in_posting_order() {
+        let (_r, mut b, mut cache, w, _keep) = setup("srq-next");
+        let mut order: Vec<u64> = Vec::new();
+        let mut level = Level::new(8, 0);
+        let mut post = |level: &mut Level, b: &mut RecvBuffers, order: &mut Vec<u64>, ok: usize| {
+            b.refill(level, &mut cache, &w, |a, _, _, _| {
+                order.extend_from_slice(&a[..ok.min(a.len())]);
+                match ok < a.len() {
+                    true => Err(PostError::new(crate::verbs::Errno::ENOMEM, ok, "full")),
+                    false => Ok(()),
+                }
+            })
+        };
+        assert_eq!(post(&mut level, &mut b, &mut order, 8), Ok(8));
+        let index = |b: &RecvBuffers, a: u64| b.pool.index_at(a).unwrap();
+        // The first three received, in order: each names the next one posted.
+        for k in 0..3 {
+            assert!(b.take(order[k]).is_some());
+            level.received();
+            assert_eq!(b.next, index(&b, order[k + 1]), "buffer {k}");
+        }
+        // A refill of 3 whose post takes only 2: the queue's last buffer leads to them.
+        assert!(post(&mut level, &mut b, &mut order, 2).is_err());
+        assert_eq!(order.len(), 10);
+        for k in 3..10 {
+            assert!(b.take(order[k]).is_some(), "buffer {k} was posted");
+            let want = if k + 1 < order.len() { index(&b, order[k + 1]) } else { NO_NEXT };
+            assert_eq!(b.next, want, "buffer {k}");
+        }
     }
 
     /// Spares (buffers of completed sends kept by `keep_spares`) never exceed what the queues
