@@ -201,8 +201,11 @@ impl RecvBuffers {
     /// one lands, as DDIO makes a NIC's writes land in the last-level cache.
     #[inline]
     pub fn prefetch_next(&self, len: u32) {
-        if self.next != NO_NEXT {
+        if let Some(p) = self.posted.get(self.next as usize) {
             self.pool.prefetch_for_write(self.next, len as usize);
+            // And the line `take` reads for it, from this worker's own memory: a plain load,
+            // kept (`black_box`) though its value is not used.
+            std::hint::black_box(p.tag);
         }
     }
 
