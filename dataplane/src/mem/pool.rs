@@ -666,10 +666,11 @@ impl BufferPool {
         Some(index as u32)
     }
 
-    /// Hints the CPU to fetch the first cache line of buffer `index` into this core's cache
-    /// for writing (PREFETCHW), ahead of a receive that will write it and a stage that will
-    /// read it (`RecvBuffers::prefetch_next`). A hint: nothing for an index out of range or
-    /// on other architectures.
+    /// Hints the CPU to fetch the first `len` bytes of buffer `index` (at least one cache
+    /// line, at most 16, never past the buffer) into this core's cache for writing
+    /// (PREFETCHW), ahead of a receive that will write them and a stage that will read them
+    /// (`RecvBuffers::prefetch_next`). A hint: nothing for an index out of range or on other
+    /// architectures.
     #[inline]
     pub(crate) fn prefetch_for_write(&self, index: u32, len: usize) {
         if index >= self.inner.count {

@@ -189,8 +189,10 @@ impl RecvBuffers {
         (tag != 0).then(|| self.pool.handle_at(index, tag))
     }
 
-    /// Fetches the first line of the buffer the last taken one's queue fills next into this
-    /// core's cache, for writing. Called once per burst of receives.
+    /// Fetches the buffer the last taken one's queue fills next into this core's cache, for
+    /// writing: the lines `len` bytes cover (the last message's length, the best guess of the
+    /// next one's), at least one and at most 16. The worker calls it after a message that
+    /// arrived alone (`Worker::step`).
     ///
     /// Why: a queue of `depth` buffers hands each one out `depth` receives after it was
     /// posted, so the line a receive writes (the `shm` CQ copies a small payload there when
