@@ -679,16 +679,7 @@ impl BufferPool {
         let start = self.inner.base.as_ptr().wrapping_add(index as usize * self.inner.stride);
         let lines = len.min(self.inner.stride).div_ceil(CACHE_LINE).clamp(1, 16);
         for k in 0..lines {
-            let line = start.wrapping_add(k * CACHE_LINE);
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: a prefetch is a hint with no architectural effect (no load or store that
-            // could race, no fault); the address is inside buffer `index` (checked above) of
-            // the pool's mapping.
-            unsafe {
-                std::arch::asm!("prefetchw [{0}]", in(reg) line as *const u8, options(nostack, preserves_flags, readonly));
-            };
-            #[cfg(not(target_arch = "x86_64"))]
-            let _ = line;
+            super::prefetch_for_write(start.wrapping_add(k * CACHE_LINE));
         }
     }
 

@@ -541,14 +541,7 @@ impl Ring {
     pub(crate) fn prefetch(&self, ahead: u64) {
         let pos = self.hdr().head.load(Ordering::Relaxed).wrapping_add(ahead);
         let (_, seq) = self.cell(pos);
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: a prefetch is a hint with no architectural effect (no store, no fault); the
-        // address is a cell of this ring inside the mapped fabric.
-        unsafe {
-            std::arch::asm!("prefetchw [{0}]", in(reg) seq as *const AtomicU64, options(nostack, preserves_flags, readonly));
-        };
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = seq;
+        crate::mem::prefetch_for_write(seq as *const AtomicU64);
     }
 
     /// Whether cell `pos` is free under the head-tracked protocol: `pos - head < capacity`.
