@@ -39,7 +39,7 @@ impl<P: Provider> Worker<P> {
         // 1. Send completions: release the buffers of completed WRs. Skipped while nothing
         // signaled is in flight, but for one loop in SEND_CQ_IDLE_PERIOD.
         let mut scq_found = false;
-        // The length of a message received alone in step 3 (see step 6).
+        // The address and length of a message received alone in step 3 (see step 6).
         let mut lone = None;
         if self.scq_awaited || self.loops % SEND_CQ_IDLE_PERIOD == 0 {
             let n = self.scq.poll_busy(&mut self.wc).unwrap_or_else(|_| {
@@ -145,7 +145,7 @@ impl<P: Provider> Worker<P> {
             stats.rx_msgs.add(rx_msgs);
             stats.rx_bytes.add(rx_bytes);
             self.srq.received(srq_taken);
-            lone = (n == 1).then_some(self.wc[0].byte_len);
+            lone = (n == 1).then_some((self.wc[0].wr_id, self.wc[0].byte_len));
             work += n;
         }
         // Messages handed on below (some made by the sources) are a new burst.
@@ -207,8 +207,8 @@ impl<P: Provider> Worker<P> {
         // only: when receives come in bursts, the next one is likely being written already
         // (by the peer, for a payload past the CQE's), and a prefetch for writing would pull
         // its lines away mid-copy (1 KiB echo unpaced: -3% when done after every burst).
-        if let Some(len) = lone {
-            self.recv.prefetch_next(len);
+        if let Some((addr, len)) = lone {
+            self.recv.prefetch_next(addr, len);
         }
 
         // 7. SRQ: refill below the watermark, or when its limit event fired; own receive

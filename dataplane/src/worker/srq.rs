@@ -124,9 +124,6 @@ pub struct RecvBuffers {
     /// pool's state word, a line other workers of a shared pool write
     /// ([`BufferPool::index_at`]).
     posted: Vec<Posted>,
-    /// The buffer the last receive's queue fills next ([`Posted::next`] of the last
-    /// [`take`](Self::take)n buffer).
-    next: u32,
     /// Buffers of completed sends kept for the next refill ([`keep_spares`](Self::keep_spares)),
     /// still the worker's: the refill posts them without a trip through the pool (a
     /// `PoolCache::put`'s double-free CAS and a `get`'s state update each).
@@ -146,7 +143,6 @@ impl RecvBuffers {
             buf_len,
             lkey,
             posted: vec![Posted { tag: 0, next: NO_NEXT }; pool.count()],
-            next: NO_NEXT,
             pool: pool.clone(),
             spare: Vec::with_capacity(n),
         }
@@ -183,16 +179,21 @@ impl RecvBuffers {
     #[inline]
     pub fn take(&mut self, addr: u64) -> Option<Buf> {
         let index = self.pool.index_at(addr)?;
-        let p = self.posted.get_mut(index as usize)?;
-        let tag = std::mem::take(&mut p.tag);
-        self.next = p.next;
+        let tag = std::mem::take(&mut self.posted.get_mut(index as usize)?.tag);
         (tag != 0).then(|| self.pool.handle_at(index, tag))
     }
 
-    /// Fetches the buffer the last taken one's queue fills next into this core's cache, for
-    /// writing: the lines `len` bytes cover (the last message's length, the best guess of the
-    /// next one's), at least one and at most 16. The worker calls it after a message that
-    /// arrived alone (`Worker::step`).
+    /// The pool index of the buffer posted after the one at `addr` on its queue ([`NO_NEXT`]
+    /// if none, or for an address the worker did not post). It stays readable once the
+    /// buffer is [`take`](Self::take)n, until the buffer is posted again.
+    fn next_after(&self, addr: u64) -> u32 {
+        self.pool.index_at(addr).and_then(|i| self.posted.get(i as usize)).map_or(NO_NEXT, |p| p.next)
+    }
+
+    /// Fetches the buffer the queue of the one just received at `addr` fills next into this
+    /// core's cache, for writing: the lines `len` bytes cover (the received message's length,
+    /// the best guess of the next one's), at least one and at most 16. The worker calls it
+    /// after a message that arrived alone (`Worker::step`), before any refill.
     ///
     /// Why: a queue of `depth` buffers hands each one out `depth` receives after it was
     /// posted, so the line a receive writes (the `shm` CQ copies a small payload there when
@@ -202,9 +203,10 @@ impl RecvBuffers {
     /// an SRQ of 256, session 45). Fetched now, between messages, it is warm when the next
     /// one lands, as DDIO makes a NIC's writes land in the last-level cache.
     #[inline]
-    pub fn prefetch_next(&self, len: u32) {
-        if let Some(p) = self.posted.get(self.next as usize) {
-            self.pool.prefetch_for_write(self.next, len as usize);
+    pub fn prefetch_next(&self, addr: u64, len: u32) {
+        let next = self.next_after(addr);
+        if let Some(p) = self.posted.get(next as usize) {
+            self.pool.prefetch_for_write(next, len as usize);
             // And the line `take` reads for it, from this worker's own memory: a plain load,
             // kept (`black_box`) though its value is not used.
             std::hint::black_box(p.tag);
@@ -521,7 +523,7 @@ mod tests {
         for k in 0..3 {
             assert!(b.take(order[k]).is_some());
             level.received();
-            assert_eq!(b.next, index(&b, order[k + 1]), "buffer {k}");
+            assert_eq!(b.next_after(order[k]), index(&b, order[k + 1]), "buffer {k}");
         }
         // A refill of 3 whose post takes only 2: the queue's last buffer leads to them.
         assert!(post(&mut level, &mut b, &mut order, 2).is_err());
@@ -529,7 +531,7 @@ mod tests {
         for k in 3..10 {
             assert!(b.take(order[k]).is_some(), "buffer {k} was posted");
             let want = if k + 1 < order.len() { index(&b, order[k + 1]) } else { NO_NEXT };
-            assert_eq!(b.next, want, "buffer {k}");
+            assert_eq!(b.next_after(order[k]), want, "buffer {k}");
         }
     }
 
