@@ -359,6 +359,7 @@ fn build<P: Provider>(
                 IdlePolicy::Backoff => IdleKind::Backoff,
             },
             spin_count: *w.spin_count,
+            keep_warm: *w.keep_warm,
             cache_size: *pcfg.cache_size,
         };
         let worker = Worker::<P>::new(params, ctx.clone(), pd, pool.clone(), mr.lkey(), ctl.clone(), clock.clone())

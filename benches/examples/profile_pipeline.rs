@@ -33,6 +33,10 @@
 //!
 //! RECV_DEPTH (sixth argument, default 0): each QP receives through a receive queue of its
 //! own of that many buffers (the config's `use_srq = false`) instead of the worker's SRQ.
+//!
+//! KEEP_WARM (seventh argument, default 0: off, unlike the config's 128, so that the counts
+//! stay comparable with earlier sessions'): the workers' `keep_warm`. With 1 every idle loop
+//! runs a warm pass, so IDLE's count minus the count with 0 is one pass's instructions.
 
 use dataplane::mem::{BufferPool, HugePolicy};
 use dataplane::pipeline::{Clock, Echo, Sink, Source, SourceLimits, Target};
@@ -50,7 +54,14 @@ type Ctx = Arc<<Shm as Provider>::Context>;
 
 /// A worker with the config schema's defaults (`config/src/schema.rs`), unpinned, and the
 /// registration of its pool (which must outlive it).
-fn worker(name: &str, ctx: &Ctx, pd: &<Shm as Provider>::Pd, ctl: &Arc<Control>, clock: Clock) -> Worked {
+fn worker(
+    name: &str,
+    ctx: &Ctx,
+    pd: &<Shm as Provider>::Pd,
+    ctl: &Arc<Control>,
+    clock: Clock,
+    keep_warm: u32,
+) -> Worked {
     let (size, count) = (2048usize, 16384usize);
     let region = ctx.alloc_region(size * count + 64).expect("region");
     let mr = pd.reg_mr(&region, 0, size * count + 64, AccessFlags::LOCAL_WRITE).expect("reg_mr");
@@ -67,6 +78,7 @@ fn worker(name: &str, ctx: &Ctx, pd: &<Shm as Provider>::Pd, ctl: &Arc<Control>,
         recv_buffer_size: 2048,
         idle: IdleKind::Spin,
         spin_count: 1000,
+        keep_warm,
         cache_size: 256,
     };
     let w = Worker::<Shm>::new(params, ctx.clone(), pd, pool, mr.lkey(), ctl.clone(), clock).expect("worker");
@@ -85,8 +97,9 @@ fn main() {
     let pd = ctx.alloc_pd().expect("pd");
     let ctl = Arc::new(Control::new());
     let clock = Clock::new();
-    let (mut client, _client_mr) = worker("client", &ctx, &pd, &ctl, clock.clone());
-    let (mut server, _server_mr) = worker("server", &ctx, &pd, &ctl, clock.clone());
+    let keep_warm: u32 = std::env::args().nth(7).and_then(|a| a.parse().ok()).unwrap_or(0);
+    let (mut client, _client_mr) = worker("client", &ctx, &pd, &ctl, clock.clone(), keep_warm);
+    let (mut server, _server_mr) = worker("server", &ctx, &pd, &ctl, clock.clone(), keep_warm);
     let recv_depth: Option<u32> = std::env::args().nth(6).and_then(|a| a.parse().ok()).filter(|&n| n > 0);
     let qp = |n: &str| QpParams { name: n.into(), min_rnr_timer: 1, max_inline: 64, recv_depth, ..QpParams::default() };
     let c = client.add_qp(&pd, qp("client-qp")).expect("qp");

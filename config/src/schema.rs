@@ -41,6 +41,8 @@ pub mod defaults {
     pub const IDLE: IdlePolicy = IdlePolicy::Spin;
     /// `workers[].spin_count`.
     pub const SPIN_COUNT: u32 = 1000;
+    /// `workers[].keep_warm`.
+    pub const KEEP_WARM: u32 = 128;
     /// `workers[].cq_depth`.
     pub const CQ_DEPTH: u32 = 4096;
     /// `workers[].poll_burst`.
@@ -113,6 +115,7 @@ mod d {
         pool_cache_size: u32 = v::POOL_CACHE_SIZE;
         idle: IdlePolicy = v::IDLE;
         spin_count: u32 = v::SPIN_COUNT;
+        keep_warm: u32 = v::KEEP_WARM;
         cq_depth: u32 = v::CQ_DEPTH;
         poll_burst: u32 = v::POLL_BURST;
         srq_depth: u32 = v::SRQ_DEPTH;
@@ -415,6 +418,13 @@ pub struct WorkerConfig {
     /// Default: `1000`.
     #[serde(default = "d::spin_count")]
     pub spin_count: Located<u32>,
+    /// Empty polls between two warm passes: dry runs of a send on each of the worker's QPs,
+    /// which keep the post path's code and memory in the core's caches while messages are
+    /// sparse (a message arriving during a pass waits for its end, a few tens of ns); `0`
+    /// turns them off. Only the `shm` provider has a dry run; on the others a pass does
+    /// nothing. Default: `128`.
+    #[serde(default = "d::keep_warm")]
+    pub keep_warm: Located<u32>,
     /// Entries of the worker's completion queue, shared by all its QPs and its SRQ. Must hold
     /// every completion that can be outstanding (see validation). Default: `4096`.
     #[serde(default = "d::cq_depth")]
@@ -455,6 +465,7 @@ impl WorkerConfig {
             pool: d::pool(),
             idle: d::idle(),
             spin_count: d::spin_count(),
+            keep_warm: d::keep_warm(),
             cq_depth: d::cq_depth(),
             poll_burst: d::poll_burst(),
             srq_depth: d::srq_depth(),

@@ -109,6 +109,7 @@ fn steady_state_loop_does_not_allocate() {
         recv_buffer_size: 256,
         idle: IdleKind::Spin,
         spin_count: 100,
+        keep_warm: 0,
         cache_size: 256,
     };
     let ctl = Arc::new(Control::new());

@@ -48,11 +48,12 @@ fn setup_with(test: &str, core: Option<usize>, dropper: bool, limits: SourceLimi
 
 /// [`setup_with`] on a given control block (several workers of one run share theirs).
 fn setup_on(test: &str, core: Option<usize>, dropper: bool, limits: SourceLimits, ctl: Arc<Control>) -> Setup {
-    setup_queues(test, core, dropper, limits, ctl, None)
+    setup_queues(test, core, dropper, limits, ctl, None, 0)
 }
 
 /// [`setup_on`] with the QPs receiving through queues of their own of `recv_depth` buffers
-/// (`QpParams::recv_depth`; `None`: the worker's SRQ).
+/// (`QpParams::recv_depth`; `None`: the worker's SRQ) and a warm pass every `keep_warm` idle
+/// loops (0: none).
 fn setup_queues(
     test: &str,
     core: Option<usize>,
@@ -60,6 +61,7 @@ fn setup_queues(
     limits: SourceLimits,
     ctl: Arc<Control>,
     recv_depth: Option<u32>,
+    keep_warm: u32,
 ) -> Setup {
     let (ctx, pd, mr, pool, _) = small_pool(test, 2048);
     let ctx = Arc::new(ctx);
@@ -74,6 +76,7 @@ fn setup_queues(
         recv_buffer_size: 256,
         idle: IdleKind::Backoff,
         spin_count: 10,
+        keep_warm,
         cache_size: 64,
     };
     let mut w =
@@ -228,7 +231,7 @@ fn a_worker_thread_runs_until_stopped_and_returns_every_buffer() {
 #[test]
 fn own_receive_queues_carry_the_traffic_and_return_every_buffer() {
     let ctl = Arc::new(Control::new());
-    let (_ctx, pd, _mr, pool, mut w, _) = setup_queues("own-rq", None, false, TEN_THOUSAND, ctl.clone(), Some(64));
+    let (_ctx, pd, _mr, pool, mut w, _) = setup_queues("own-rq", None, false, TEN_THOUSAND, ctl.clone(), Some(64), 0);
     let stats = w.stats();
     assert_eq!(stats.srq_posted.get(), 128, "posted: 64 per QP, none on the unused SRQ");
     let c = w.add_qp(&pd, QpParams { name: "c".into(), ..QpParams::default() }).unwrap();
@@ -399,6 +402,35 @@ fn a_paced_source_keeps_its_schedule() {
     let due = due_at_rate((last - first).as_nanos() as u64, rate);
     assert!(sent >= due / 2, "{sent} messages sent, {due} due after {:?}", last - first);
     assert_eq!(pool.outstanding(), 0);
+}
+
+/// Warm passes post nothing: a worker running one after every idle loop (`keep_warm = 1`)
+/// with a paced source (most loops idle), through the SRQ and through receive queues of the
+/// QPs' own, delivers each message once, in order, sends exactly what the source and the
+/// echo sent, and returns every buffer.
+#[test]
+fn warm_passes_post_nothing() {
+    for recv_depth in [None, Some(64)] {
+        let limits = SourceLimits { rate: 50_000, count: 500, duration_ns: 0 };
+        let ctl = Arc::new(Control::new());
+        let (_ctx, _pd, _mr, pool, mut w, _) = setup_queues("warm", None, false, limits, ctl, recv_depth, 1);
+        let t0 = std::time::Instant::now();
+        let stats = w.stats();
+        while stats.rx_msgs.get() < 1_000 && t0.elapsed() < Duration::from_secs(20) {
+            w.step();
+        }
+        // Idle loops past the last message, each with its warm pass.
+        for _ in 0..10_000 {
+            w.step();
+        }
+        assert!(stats.idle_loops.get() > 10_000, "the loops were mostly idle: {}", stats.idle_loops.get());
+        w.teardown();
+        let r = w.report();
+        let sink = r.stages.iter().find(|s| s.name == "sink").unwrap();
+        assert_eq!((sink.msgs_in, sink.report.gaps, sink.report.duplicates), (500, 0, 0), "{recv_depth:?}: {r:?}");
+        assert_eq!((stats.tx_msgs.get(), stats.rx_msgs.get(), stats.errors.get()), (1_000, 1_000, 0), "{recv_depth:?}");
+        assert_eq!(pool.outstanding(), 0);
+    }
 }
 
 /// What [`Probe`] saw of one message: the source's stamp, the burst's receive time, a fresh

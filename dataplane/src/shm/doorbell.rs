@@ -156,7 +156,7 @@ fn post_list<const RUNS: bool>(f: &Fabric, st: &mut SqState, chain: &SendChain) 
             "QP is not ready to send (post_send needs RTS, SQD, SQE or ERROR)",
         ));
     }
-    if !st.pending.is_empty() {
+    if !st.pending.is_empty() && !st.dry {
         // A peer may have moved this QP to ERROR (its message failed in our receive queue)
         // while WQEs wait: flush those before anything posted now, as poll's progress() does,
         // so completions stay in posting order (case flush_after_peer_error_keeps_order).
@@ -180,9 +180,13 @@ fn post_list<const RUNS: bool>(f: &Fabric, st: &mut SqState, chain: &SendChain) 
             let ahead = |max| if RUNS { sends_ahead(chain, i + 1, max) } else { 0 };
             // (A post of one WR has nothing to remember: a fresh `ListSeen` is folded away.)
             let seen = if RUNS { &mut seen } else { &mut ListSeen::default() };
-            if post_fast::<false>(f, st, wr, sge, &mut state, &mut retired, last - i, seen, ahead) {
+            if post_fast::<false>(f, st, wr, sge, &mut state, &mut retired, last - i, !RUNS, seen, ahead) {
                 continue;
             }
+        }
+        if !RUNS && st.dry {
+            // (`warm_send`, a post of one WR: the general path is not run dry.)
+            return Ok(());
         }
         // The general path may change what `seen` vouches for (a failed delivery moves the
         // target to ERROR, an RNR retry re-resolves it): the next fast WR checks it all again.
@@ -357,11 +361,33 @@ fn post_lone(f: &Fabric, st: &mut SqState, wr: &SendWr, chain: &SendChain) -> bo
     // `post_fast` takes only an RTS queue with nothing pending; anything else returns false.
     let mut state = st.state();
     let mut retired = st.slot().sq_retired.load(Ordering::Acquire);
-    if !post_fast::<false>(f, st, wr, sge, &mut state, &mut retired, 0, &mut ListSeen::default(), |_| 0) {
+    if !post_fast::<false>(f, st, wr, sge, &mut state, &mut retired, 0, true, &mut ListSeen::default(), |_| 0) {
         return false;
     }
     settle::<false>(f, st);
     true
+}
+
+/// A dry run of [`post_send`] for `chain`, one WR (`Qp::warm_send`; any other chain does
+/// nothing): the same functions, with
+/// `SqState::dry` set, so that the machine code a post runs is the code warmed, not a copy.
+/// The fast path returns at its point of no return, before the message queue, the receive
+/// request's claim and the CQE, having only read; a WR it does not take ends the run
+/// (`post_list` does not run the general path dry), and the pending WQEs' progress is
+/// skipped; the streaming check's state is restored after. Nothing posted, nothing changed but
+/// the QP's cached destination view (which a post would make the same) and the caches.
+#[inline(never)]
+pub(crate) fn warm_send(f: &Fabric, st: &mut SqState, chain: &SendChain) {
+    // Only a post of one WR has the dry stop (`post_fast`'s `lone`).
+    if chain.len() != 1 {
+        return;
+    }
+    // The streaming check's state is put back rather than tested for `dry` on every post.
+    let (seen, stream) = (st.recv_polled_seen, st.mq_stream);
+    st.dry = true;
+    let _ = post_send(f, st, chain);
+    st.dry = false;
+    (st.recv_polled_seen, st.mq_stream) = (seen, stream);
 }
 
 /// The fast path: runs WR `wr` (one SGE, INLINE or not) if it is the common case, an RC or UC
@@ -380,6 +406,10 @@ fn post_lone(f: &Fabric, st: &mut SqState, wr: &SendWr, chain: &SendChain) -> bo
 /// general path); a request that is not one SGE, or whose buffer does not fit or fails its
 /// checks, is finished by the general code ([`deliver_taken`]), so the receiver sees the
 /// same completion either way.
+///
+/// `lone`: the WR is a post of its own (not part of a longer chain), the only case a dry run
+/// (`SqState::dry`, [`warm_send`]) takes; a chain's WRs skip that test (a constant false
+/// there, folded away).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn post_fast<const XRC: bool>(
@@ -390,6 +420,7 @@ pub(crate) fn post_fast<const XRC: bool>(
     state: &mut QpState,
     retired: &mut u32,
     rest: usize,
+    lone: bool,
     seen: &mut ListSeen,
     ahead: impl FnOnce(usize) -> usize,
 ) -> bool {
@@ -459,6 +490,16 @@ pub(crate) fn post_fast<const XRC: bool>(
     } else {
         d
     };
+    // The end of a dry run (`warm_send`): everything above only read; the receive request
+    // the next SEND takes is fetched, as a take leaves it.
+    if lone && st.dry {
+        match (&d.rq, &d.srq) {
+            (Some(rq), _) => rq.prefetch(0),
+            (None, Some(srq)) => srq.ring.prefetch(0),
+            _ => {}
+        }
+        return true;
+    }
     // An RC SEND to a target whose receive CQ has a message queue goes through it, if it is
     // part of a post list, follows queued ones, or is a lone post of a streaming QP (or
     // `Mode::All`): its receiver (or a helper) delivers it (`post_mq`). Any other lone post
@@ -882,7 +923,7 @@ pub(crate) fn post_fast_xrc(
     state: &mut QpState,
     retired: &mut u32,
 ) -> bool {
-    post_fast::<true>(f, st, wr, sge, state, retired, 0, &mut ListSeen::default(), |_| 0)
+    post_fast::<true>(f, st, wr, sge, state, retired, 0, false, &mut ListSeen::default(), |_| 0)
 }
 
 /// `post_one` for a WR with several SGEs, and TSO requests ([`post_tso`]), out of line to
@@ -1310,6 +1351,54 @@ mod tests {
         let n = rcq.poll(&mut wc).unwrap();
         let got: Vec<_> = wc[..n].iter().map(|w| (w.wr_id, w.status)).collect();
         assert_eq!(got, [(1, WcStatus::Success), (2, WcStatus::Success), (3, WcStatus::Success)]);
+    }
+
+    /// A dry run (`Qp::warm_send`) posts nothing and changes nothing, whatever it is given:
+    /// WRs the fast path takes (SEND, INLINE SEND, RDMA WRITE with any rkey), WRs only the
+    /// general path runs (two SGEs, RDMA READ, a bad lkey), an empty chain, and a QP in ERROR,
+    /// where a real post would be flushed. Afterwards no completion shows, no WQE was used,
+    /// and the SRQ still serves its six requests to real SENDs, in order.
+    #[test]
+    fn a_dry_run_posts_nothing() {
+        let sge_of = |mr: &<Shm as Provider>::Mr| Sge::new(mr.addr() + 512, 4, mr.lkey());
+        let chains = |mr: &<Shm as Provider>::Mr| {
+            let sge = sge_of(mr);
+            vec![
+                SendChain::one(SendWr::send(1).signaled(), &[sge]),
+                SendChain::one(SendWr::send(2).inline(), &[sge]),
+                SendChain::one(SendWr::write(3, 0x1000, 0x77).signaled(), &[sge]),
+                SendChain::one(SendWr::read(4, 0x1000, 0x77).signaled(), &[sge]),
+                SendChain::one(SendWr::send(5).signaled(), &[sge, sge]),
+                SendChain::one(SendWr::send(6).signaled(), &[Sge::new(mr.addr(), 4, 0xdead)]),
+                SendChain::new(),
+                SendChain::one(SendWr::send(7), &[sge]).push(SendWr::send(8), &[sge]).clone(),
+            ]
+        };
+        let mut wc = [WorkCompletion::default(); 8];
+        let ((_ctx, _pd, mut rcq, _srq, mut qa, _qb), mr) = setup("dry");
+        for c in &chains(&mr) {
+            qa.warm_send(c);
+        }
+        assert_eq!(rcq.poll(&mut wc).unwrap(), 0);
+        let posted_dry = |qa: &ShmQp| {
+            let g = qa.sq.lock();
+            (g.posted, g.pending.len(), g.dry)
+        };
+        assert_eq!(posted_dry(&qa), (0, 0, false));
+        for i in 0..6 {
+            qa.post_send(&SendChain::one(SendWr::send(10 + i), &[sge_of(&mr)])).unwrap();
+        }
+        let n = rcq.poll(&mut wc).unwrap();
+        let got: Vec<_> = wc[..n].iter().map(|w| (w.wr_id, w.status)).collect();
+        assert_eq!(got, (0..6).map(|i| (i, WcStatus::Success)).collect::<Vec<_>>());
+
+        let ((_ctx, _pd, mut rcq, _srq, mut qa, _qb), mr) = setup("dry-error");
+        qa.modify(&QpAttr { state: QpState::Error, ..Default::default() }).unwrap();
+        for c in &chains(&mr) {
+            qa.warm_send(c);
+        }
+        assert_eq!(posted_dry(&qa), (0, 0, false), "nothing flushed in ERROR");
+        assert_eq!(rcq.poll(&mut wc).unwrap(), 0);
     }
 
     /// When another consumer claimed after the run, its requests cannot go back: they are

@@ -263,6 +263,7 @@ impl ShmQp {
             ctx: ctx.clone(),
             send_cq: send_cq.clone(),
             qpn,
+            dry: false,
             idx,
             qp_type: attr.qp_type,
             pd: pd.pdn,
@@ -511,6 +512,12 @@ impl crate::provider::Qp for ShmQp {
         let f = &self.pd.ctx.fabric;
         let mut g = self.sq.lock();
         super::doorbell::post_send(f, &mut g, chain)
+    }
+
+    fn warm_send(&mut self, chain: &SendChain) {
+        let f = &self.pd.ctx.fabric;
+        let mut g = self.sq.lock();
+        super::doorbell::warm_send(f, &mut g, chain)
     }
 
     fn post_recv(&mut self, chain: &RecvChain) -> std::result::Result<(), PostError> {

@@ -231,6 +231,9 @@ pub(crate) struct SqState {
     /// Our cached view of the send CQ's consumer position (`complete::push_cqe`).
     pub(crate) send_cq_head: std::cell::Cell<u64>,
     pub(crate) qpn: u32,
+    /// A dry run of the post path is under way (`doorbell::warm_send`): the fast path stops
+    /// before its first change, and nothing else runs.
+    pub(crate) dry: bool,
     pub(crate) idx: usize,
     pub(crate) qp_type: QpType,
     pub(crate) pd: u32,

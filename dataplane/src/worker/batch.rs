@@ -28,6 +28,8 @@ pub struct SendBatch<Q: Qp> {
     pending: usize,
     /// Bytes of the pending WRs.
     pending_bytes: u64,
+    /// Length of the last SEND gathered (the size a warm pass runs dry: [`SendBatch::warm`]).
+    last_len: u32,
     /// Pending WRs carrying `SIGNALED`.
     pending_signaled: u64,
     /// Sequence number + 1 of the newest WR carrying `SIGNALED` (pending or posted; 0: none).
@@ -60,6 +62,7 @@ impl<Q: Qp> SendBatch<Q> {
             bufs: VecDeque::with_capacity(depth as usize),
             pending: 0,
             pending_bytes: 0,
+            last_len: 0,
             pending_signaled: 0,
             last_signaled: 0,
             posted_signaled: 0,
@@ -100,6 +103,12 @@ impl<Q: Qp> SendBatch<Q> {
         self.posted_signaled > self.done_seq
     }
 
+    /// Length of the last SEND gathered (0 before the first).
+    #[inline]
+    pub fn last_len(&self) -> u32 {
+        self.last_len
+    }
+
     /// Buffers posted and not yet released.
     pub fn inflight(&self) -> usize {
         self.bufs.len() - self.pending
@@ -130,10 +139,32 @@ impl<Q: Qp> SendBatch<Q> {
         self.bufs.push_back(buf);
         self.pending += 1;
         self.pending_bytes += u64::from(len);
+        self.last_len = len;
         if self.pending >= self.batch as usize {
             self.flush(w, cache);
         }
         true
+    }
+
+    /// A dry run of a SEND of `len` bytes at `addr` ([`Qp::warm_send`]): the provider's post
+    /// path runs as far as it can without posting, to keep its code and lines in this core's
+    /// caches while the worker idles. Nothing when WRs are gathered (they are posted at the
+    /// end of the loop). The WR is built the way [`push`](Self::push) builds one, in the
+    /// chain's own storage (cleared after), so nothing allocates.
+    #[cold]
+    #[inline(never)]
+    pub fn warm(&mut self, addr: u64, len: u32) {
+        if self.pending != 0 {
+            return;
+        }
+        let mut wr = SendWr::send(self.next_seq);
+        wr.ud = self.dest;
+        if len <= self.max_inline {
+            wr.flags |= SendFlags::INLINE;
+        }
+        self.chain.push(wr, &[Sge::new(addr, len, self.lkey)]);
+        self.qp.warm_send(&self.chain);
+        self.chain.clear();
     }
 
     /// Posts the gathered chain with one doorbell. Buffers of trailing unsignaled WRs come

@@ -26,12 +26,18 @@ pub struct Idle {
     spin_count: u32,
     empty: u32,
     backoff: Backoff,
+    /// Empty loops between two warm passes (`u64::MAX` for none: never reached).
+    warm_period: u64,
+    /// Empty loops left until the next warm pass.
+    warm_in: u64,
 }
 
 impl Idle {
-    /// A policy; `spin_count` empty loops pass before pausing or backing off.
-    pub fn new(kind: IdleKind, spin_count: u32) -> Idle {
-        Idle { kind, spin_count, empty: 0, backoff: Backoff::new() }
+    /// A policy; `spin_count` empty loops pass before pausing or backing off; one in
+    /// `keep_warm` empty loops (0: none) asks for a warm pass ([`Idle::idle`]).
+    pub fn new(kind: IdleKind, spin_count: u32, keep_warm: u32) -> Idle {
+        let warm_period = if keep_warm == 0 { u64::MAX } else { u64::from(keep_warm) };
+        Idle { kind, spin_count, empty: 0, backoff: Backoff::new(), warm_period, warm_in: warm_period }
     }
 
     /// A loop did work: back to full speed.
@@ -43,10 +49,18 @@ impl Idle {
         }
     }
 
-    /// A loop found nothing.
+    /// A loop found nothing. Returns whether the worker should run a warm pass now: every
+    /// `keep_warm` empty loops, counted across busy ones. A countdown (a decrement and a
+    /// test on the idle loop's path, no division), which with `keep_warm = 0` starts at
+    /// `u64::MAX` and never ends.
     #[inline]
-    pub fn idle(&mut self) {
+    pub fn idle(&mut self) -> bool {
         self.empty = self.empty.saturating_add(1);
+        self.warm_in -= 1;
+        let warm = self.warm_in == 0;
+        if warm {
+            self.warm_in = self.warm_period;
+        }
         match self.kind {
             IdleKind::Spin => {}
             IdleKind::SpinThenPause => {
@@ -66,5 +80,25 @@ impl Idle {
                 }
             }
         }
+        warm
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Idle, IdleKind};
+
+    /// A warm pass is asked for every `keep_warm` empty loops, counted across busy ones, and
+    /// never with 0.
+    #[test]
+    fn a_warm_pass_every_keep_warm_empty_loops() {
+        let mut idle = Idle::new(IdleKind::Spin, 10, 3);
+        let asked: Vec<bool> = (0..9).map(|_| idle.idle()).collect();
+        assert_eq!(asked, [false, false, true, false, false, true, false, false, true]);
+        idle.idle();
+        idle.busy();
+        assert_eq!((idle.idle(), idle.idle()), (false, true), "the count goes on across busy loops");
+        let mut off = Idle::new(IdleKind::Spin, 10, 0);
+        assert!((0..100_000).all(|_| !off.idle()));
     }
 }

@@ -143,6 +143,10 @@ pub struct WorkerParams {
     pub spin_count: u32,
     /// Buffers in the worker's pool cache.
     pub cache_size: u32,
+    /// Empty loops between two warm passes, dry runs of a send on every QP that keep the
+    /// post path in the core's caches between sparse messages (0: none; `keep_warm` in the
+    /// config, docs/runtime.md).
+    pub keep_warm: u32,
 }
 
 /// The top-up batch of every receive queue of a worker: its cache's batch, not below 32
@@ -392,7 +396,7 @@ impl<P: Provider> Worker<P> {
         let recv = RecvBuffers::new(p.recv_buffer_size, lkey, &pool, p.srq_depth);
         let burst = p.poll_burst.max(1) as usize;
         Ok(Worker {
-            idle: Idle::new(p.idle, p.spin_count),
+            idle: Idle::new(p.idle, p.spin_count, p.keep_warm),
             wc: vec![WorkCompletion::default(); burst],
             queue: LocalQueue::new(0),
             max_msg: pool.buf_size() as u32,

@@ -242,7 +242,9 @@ impl<P: Provider> Worker<P> {
             true
         } else {
             stats.idle_loops.add(1);
-            self.idle.idle();
+            if self.idle.idle() {
+                self.warm();
+            }
             false
         }
     }
@@ -254,6 +256,19 @@ impl<P: Provider> Worker<P> {
     #[inline]
     pub(crate) fn receive_budget(&self) -> usize {
         self.wc.len().min(self.queue.free() / self.fan)
+    }
+
+    /// A warm pass (`keep_warm`): a dry run of a send on every QP ([`SendBatch::warm`]), of
+    /// the size the QP last sent, from the first buffer of the pool (only its address is
+    /// used: a dry run reads no payload).
+    #[cold]
+    #[inline(never)]
+    fn warm(&mut self) {
+        let addr = self.pool.base_addr();
+        for b in &mut self.batches {
+            let len = b.last_len();
+            b.warm(addr, len);
+        }
     }
 
     /// Buffers the QPs' own receive queues miss (0 if none has one).
