@@ -276,10 +276,11 @@ pub trait Qp {
     /// Runs the post path for `chain`, one WR (any other chain does nothing), as far as it
     /// goes without changing anything (its checks, the MR and destination lookups), then
     /// stops: nothing is posted and no state, counter or completion changes, whatever the WR
-    /// or the QP's state. A worker
-    /// calls it while it idles, so that the code and the lines of a post stay in this core's
-    /// caches between sparse messages (`keep_warm`, docs/runtime.md). The default does
-    /// nothing: `shm` implements it; a NIC's post (`rdma`, `xdp`) has no dry run.
+    /// or the QP's state. A worker calls it while it idles, so that the code and the lines of
+    /// a post stay in this core's caches between sparse messages (`keep_warm`,
+    /// docs/runtime.md). The default does nothing: `shm` implements it (for the WRs its fast
+    /// path takes: RC/UC SEND, SEND_WITH_IMM, RDMA_WRITE of one SGE); a NIC's post (`rdma`,
+    /// `xdp`) has no dry run.
     fn warm_send(&mut self, _chain: &SendChain) {}
     /// Posts a chain of receive WRs (`ibv_post_recv`).
     ///

@@ -369,13 +369,13 @@ fn post_lone(f: &Fabric, st: &mut SqState, wr: &SendWr, chain: &SendChain) -> bo
 }
 
 /// A dry run of [`post_send`] for `chain`, one WR (`Qp::warm_send`; any other chain does
-/// nothing): the same functions, with
-/// `SqState::dry` set, so that the machine code a post runs is the code warmed, not a copy.
-/// The fast path returns at its point of no return, before the message queue, the receive
-/// request's claim and the CQE, having only read; a WR it does not take ends the run
-/// (`post_list` does not run the general path dry), and the pending WQEs' progress is
-/// skipped; the streaming check's state is restored after. Nothing posted, nothing changed but
-/// the QP's cached destination view (which a post would make the same) and the caches.
+/// nothing): the same functions, with `SqState::dry` set, so that the machine code a post
+/// runs is the code warmed, not a copy. The fast path returns at its point of no return,
+/// before the message queue, the receive request's claim and the CQE, having only read; a
+/// WR it does not take ends the run (`post_list` does not run the general path dry), the
+/// pending WQEs' progress is skipped, and the streaming check's state is put back after.
+/// Nothing is posted and nothing changes but the QP's cached destination view (which a post
+/// would make the same) and the caches.
 #[inline(never)]
 pub(crate) fn warm_send(f: &Fabric, st: &mut SqState, chain: &SendChain) {
     // Only a post of one WR has the dry stop (`post_fast`'s `lone`).
