@@ -103,12 +103,6 @@ impl<Q: Qp> SendBatch<Q> {
         self.posted_signaled > self.done_seq
     }
 
-    /// Length of the last SEND gathered (0 before the first).
-    #[inline]
-    pub fn last_len(&self) -> u32 {
-        self.last_len
-    }
-
     /// Buffers posted and not yet released.
     pub fn inflight(&self) -> usize {
         self.bufs.len() - self.pending
@@ -146,17 +140,18 @@ impl<Q: Qp> SendBatch<Q> {
         true
     }
 
-    /// A dry run of a SEND of `len` bytes at `addr` ([`Qp::warm_send`]): the provider's post
-    /// path runs as far as it can without posting, to keep its code and lines in this core's
-    /// caches while the worker idles. Nothing when WRs are gathered (they are posted at the
+    /// A dry run of a SEND at `addr` of the length this QP last sent (0 before its first)
+    /// ([`Qp::warm_send`]): the provider's post path runs as far as it can without posting,
+    /// to keep its code and lines in this core's caches while the worker idles. Nothing when WRs are gathered (they are posted at the
     /// end of the loop). The WR is built the way [`push`](Self::push) builds one, in the
     /// chain's own storage (cleared after), so nothing allocates.
     #[cold]
     #[inline(never)]
-    pub fn warm(&mut self, addr: u64, len: u32) {
+    pub fn warm(&mut self, addr: u64) {
         if self.pending != 0 {
             return;
         }
+        let len = self.last_len;
         let mut wr = SendWr::send(self.next_seq);
         wr.ud = self.dest;
         if len <= self.max_inline {

@@ -266,8 +266,7 @@ impl<P: Provider> Worker<P> {
     fn warm(&mut self) {
         let addr = self.pool.base_addr();
         for b in &mut self.batches {
-            let len = b.last_len();
-            b.warm(addr, len);
+            b.warm(addr);
         }
     }
 
