@@ -34,6 +34,7 @@ mod retry;
 mod ring;
 pub mod sizing;
 mod sq;
+mod sq_lock;
 mod srq;
 mod tm;
 mod wire;

@@ -14,12 +14,12 @@ use super::recvq::{self, RecvEntry};
 use super::retry::Waiter;
 use super::ring::Ring;
 use super::sq::{BlockKind, Blocked, SqState, SrqRun};
+use super::sq_lock::{OwnerLock, Waits};
 use super::srq::SrqShared;
 use super::wire::RecvRing;
 use crate::verbs::*;
-use std::cell::UnsafeCell;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -40,62 +40,15 @@ pub struct ShmQp {
     caps: QpCaps,
 }
 
-/// The send queue, shared between the QP handle (posting) and its send CQ (progress in poll).
-/// An uncontended spin flag serialises the two; in the intended one-thread-per-worker use it
-/// is never contended (rdma-core's providers take a spinlock in post_send the same way).
-pub(crate) struct SqCell {
-    busy: AtomicBool,
-    st: UnsafeCell<SqState>,
-}
+/// The send queue, shared between the QP handle (posting) and the CQ polls that progress
+/// its waiting WQEs (`retry`): the handle's posts skip the lock while nothing waits in it
+/// (`sq_lock`).
+pub(crate) type SqCell = OwnerLock<SqState>;
 
-// SAFETY: `st` is only accessed while `busy` is held (Acquire on take, Release on give).
-unsafe impl Sync for SqCell {}
-
-// SAFETY: SqState holds Arcs and raw views of shared memory, all Send.
-unsafe impl Send for SqCell {}
-
-pub(crate) struct SqGuard<'a> {
-    cell: &'a SqCell,
-}
-
-impl std::ops::Deref for SqGuard<'_> {
-    type Target = SqState;
-    fn deref(&self) -> &SqState {
-        // SAFETY: the guard holds `busy`, so no other reference to `st` exists.
-        unsafe { &*self.cell.st.get() }
-    }
-}
-
-impl std::ops::DerefMut for SqGuard<'_> {
-    fn deref_mut(&mut self) -> &mut SqState {
-        // SAFETY: as in `deref`.
-        unsafe { &mut *self.cell.st.get() }
-    }
-}
-
-impl Drop for SqGuard<'_> {
-    fn drop(&mut self) {
-        self.cell.busy.store(false, Ordering::Release);
-    }
-}
-
-impl SqCell {
-    #[inline]
-    pub(crate) fn lock(&self) -> SqGuard<'_> {
-        while self.busy.swap(true, Ordering::Acquire) {
-            std::hint::spin_loop();
-        }
-        SqGuard { cell: self }
-    }
-
-    pub(crate) fn try_lock(&self) -> Option<SqGuard<'_>> {
-        // Not `then_some(SqGuard { .. })`: that builds the guard even when the flag was
-        // already held, and dropping it would release the holder's lock.
-        if self.busy.swap(true, Ordering::Acquire) {
-            None
-        } else {
-            Some(SqGuard { cell: self })
-        }
+impl Waits for SqState {
+    /// WQEs wait behind an RNR or a retry: the queue is in the process's waiting list.
+    fn waiting(&self) -> bool {
+        self.registered_pending
     }
 }
 
@@ -104,12 +57,12 @@ impl SqCell {
 /// early as soon as the responder posts a receive.
 const FOREIGN_RNR_GRACE: Duration = Duration::from_micros(100);
 
-impl Waiter for SqCell {
+impl Waiter for OwnerLock<SqState> {
     /// Progress from a CQ poll: skipped if the owner is posting right now (it progresses
     /// the queue itself). A `foreign` caller leaves a send waiting behind an RNR to its owner
     /// until the wait is [`FOREIGN_RNR_GRACE`] overdue.
     fn try_progress(&self, foreign: bool, now: Instant) {
-        if let Some(mut g) = self.try_lock() {
+        if let Some(mut g) = self.try_lock_open() {
             let owners = |b: Blocked| b.kind == BlockKind::Rnr && now < b.next_at + FOREIGN_RNR_GRACE;
             if foreign && g.blocked.is_some_and(owners) {
                 return;
@@ -302,7 +255,7 @@ impl ShmQp {
         let sq = Arc::new_cyclic(|me: &Weak<SqCell>| {
             let mut st = st;
             st.me = me.clone();
-            SqCell { busy: AtomicBool::new(false), st: UnsafeCell::new(st) }
+            SqCell::new(st)
         });
         let rq_caps = if rq.is_some() { max_recv_wr } else { 0 };
         let rq_bound = if many_senders { recvq::RecvBound::unclaimed(max_recv_wr) } else { recvq::RecvBound::cells() };
@@ -510,13 +463,15 @@ impl crate::provider::Qp for ShmQp {
 
     fn post_send(&mut self, chain: &SendChain) -> std::result::Result<(), PostError> {
         let f = &self.pd.ctx.fabric;
-        let mut g = self.sq.lock();
+        // SAFETY: `&mut self`: this handle, the cell's only poster, is used by no one else.
+        let mut g = unsafe { self.sq.lock_owner() };
         super::doorbell::post_send(f, &mut g, chain)
     }
 
     fn warm_send(&mut self, chain: &SendChain) {
         let f = &self.pd.ctx.fabric;
-        let mut g = self.sq.lock();
+        // SAFETY: as in `post_send`.
+        let mut g = unsafe { self.sq.lock_owner() };
         super::doorbell::warm_send(f, &mut g, chain)
     }
 
@@ -585,29 +540,6 @@ mod tests {
     use crate::shm::unit_context;
     use crate::verbs::{QpCaps, QpType};
     use crate::{Context, Pd, QpInitAttr};
-    use std::sync::atomic::Ordering;
-
-    #[test]
-    fn failed_try_lock_keeps_the_holders_lock() {
-        let ctx = unit_context("trylock");
-        let pd = ctx.alloc_pd().unwrap();
-        let cq = ctx.create_cq(8).unwrap();
-        let attr = QpInitAttr {
-            send_cq: &cq,
-            recv_cq: &cq,
-            srq: None,
-            cap: QpCaps::default(),
-            qp_type: QpType::Rc,
-            sq_sig_all: false,
-        };
-        let qp = pd.create_qp(&attr).unwrap();
-        let held = qp.sq.lock();
-        assert!(qp.sq.try_lock().is_none());
-        assert!(qp.sq.busy.load(Ordering::Relaxed), "a failed try_lock released the holder's lock");
-        drop(held);
-        assert!(qp.sq.try_lock().is_some());
-        assert!(!qp.sq.busy.load(Ordering::Relaxed));
-    }
 
     /// A connected QP's own RQ has a cell to spare (`own_recv_cells`) and reports its cells;
     /// UD keeps its power of two (its ring is twice that, bounded by the count); the device's

@@ -287,6 +287,11 @@ pub(crate) struct SqState {
     pub(crate) mq_stream: bool,
 }
 
+// SAFETY: SqState holds Arcs and raw views of shared memory (pointers into the fabric's
+// mapping, which lives as long as the `ctx` Arc it also holds), all usable from any thread;
+// its user serialises access (`sq_lock::OwnerLock`).
+unsafe impl Send for SqState {}
+
 impl SqState {
     pub(crate) fn fabric(&self) -> &Fabric {
         &self.ctx.fabric
