@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Model-checks the lock-free rings (shm::ring, shm::msgq, mem::pool) and the send queue's lock (shm::sq_lock) with loom: every interleaving of the `loom_*` tests (up to
+# Model-checks the lock-free rings (shm::ring, shm::msgq, mem::pool) and the send queue's
+# lock (shm::sq_lock) with loom: every interleaving of the `loom_*` tests (up to
 # LOOM_MAX_PREEMPTIONS preemptions, default 3). A separate build (`--cfg loom`, its own target
 # directory) so it never disturbs the normal one.
 #   tools/loom.sh

@@ -58,8 +58,8 @@ impl Waits for SqState {
 const FOREIGN_RNR_GRACE: Duration = Duration::from_micros(100);
 
 impl Waiter for OwnerLock<SqState> {
-    /// Progress from a CQ poll: skipped if the owner is posting right now (it progresses
-    /// the queue itself). A `foreign` caller leaves a send waiting behind an RNR to its owner
+    /// Progress from a CQ poll: skipped if the queue's lock is held (its owner is posting
+    /// and progresses the queue itself) or if nothing waits in it (`sq_lock`). A `foreign` caller leaves a send waiting behind an RNR to its owner
     /// until the wait is [`FOREIGN_RNR_GRACE`] overdue.
     fn try_progress(&self, foreign: bool, now: Instant) {
         if let Some(mut g) = self.try_lock_open() {

@@ -6,9 +6,10 @@
 //! that wait in it behind an RNR or a retry (`retry`), which only happens while the queue is
 //! listed as waiting. Everyone takes `busy`, an uncontended spin flag, as rdma-core's
 //! providers take a spinlock in `ibv_post_send`, except the handle's posts while the queue is
-//! *closed* (nothing waits in it): they take no locked instruction. The flag's `xchg` was
-//! ~5 ns of every post's critical path (bench-ab, session 47: `dp-perf send_lat` 0.973, post
-//! list 1 rate 1.063, the echo pipeline's latency 0.990).
+//! *closed* (nothing waits in it): they take no locked instruction. Taking the flag (a
+//! locked read-modify-write, a full barrier) was ~5 ns of every post's critical path
+//! (bench-ab 9 rounds, session 47: `dp-perf send_lat` 0.977, post list 1 rate 1.058, the
+//! echo pipeline's latency 0.991).
 //!
 //! Why that is safe. `open` changes only while `busy` is held, and at rest it equals the
 //! value's [`Waits::waiting`]:
@@ -24,7 +25,9 @@
 //!
 //! `tools/loom.sh` model-checks it (`loom_tests`: an owner posting, opening and closing the
 //! queue, against a progress, with loom's cell reporting any access of the value that the
-//! flags do not order).
+//! flags do not order). It reports a seeded bug (the owner opening the queue without
+//! `busy`); it does not report the close weakened to Relaxed, so that ordering rests on the
+//! argument above.
 
 #[cfg(loom)]
 use loom::cell::UnsafeCell;
