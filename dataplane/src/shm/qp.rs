@@ -57,7 +57,7 @@ impl Waits for SqState {
 /// early as soon as the responder posts a receive.
 const FOREIGN_RNR_GRACE: Duration = Duration::from_micros(100);
 
-impl Waiter for OwnerLock<SqState> {
+impl Waiter for SqCell {
     /// Progress from a CQ poll: skipped if the queue's lock is held (its owner is posting
     /// and progresses the queue itself) or if nothing waits in it (`sq_lock`). A `foreign` caller leaves a send waiting behind an RNR to its owner
     /// until the wait is [`FOREIGN_RNR_GRACE`] overdue.

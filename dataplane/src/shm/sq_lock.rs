@@ -120,6 +120,7 @@ impl<T: Waits> Drop for Guard<'_, T> {
 impl<T: Waits> OwnerLock<T> {
     /// `value`, closed and free (it must not be [`Waits::waiting`]).
     pub(crate) fn new(value: T) -> OwnerLock<T> {
+        debug_assert!(!value.waiting(), "a new queue has nothing waiting");
         OwnerLock { busy: AtomicBool::new(false), open: AtomicBool::new(false), value: UnsafeCell::new(value) }
     }
 
@@ -207,8 +208,10 @@ mod tests {
 
     #[test]
     fn failed_try_lock_keeps_the_holders_lock() {
-        let l = OwnerLock::new(Queue { waiting: true });
-        l.open.store(true, Ordering::Relaxed);
+        let l = OwnerLock::new(Queue::default());
+        // A holder that leaves WQEs waiting opens the queue.
+        l.lock().waiting = true;
+        assert_eq!(flags(&l), (false, true));
         let held = l.lock();
         assert!(l.try_lock_open().is_none());
         assert_eq!(flags(&l), (true, true), "a failed try_lock released the holder's lock");

@@ -142,9 +142,10 @@ impl<Q: Qp> SendBatch<Q> {
 
     /// A dry run of a SEND at `addr` of the length this QP last sent (0 before its first)
     /// ([`Qp::warm_send`]): the provider's post path runs as far as it can without posting,
-    /// to keep its code and lines in this core's caches while the worker idles. Nothing when WRs are gathered (they are posted at the
-    /// end of the loop). The WR is built the way [`push`](Self::push) builds one, in the
-    /// chain's own storage (cleared after), so nothing allocates.
+    /// to keep its code and lines in this core's caches while the worker idles. Nothing when
+    /// WRs are gathered (they are posted at the end of the loop). The WR is built the way
+    /// [`push`](Self::push) builds one, in the chain's own storage (cleared after), so nothing
+    /// allocates.
     #[cold]
     #[inline(never)]
     pub fn warm(&mut self, addr: u64) {
