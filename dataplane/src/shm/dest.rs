@@ -39,6 +39,8 @@ pub(crate) struct DestView {
     pub(crate) one_sided: std::cell::Cell<u32>,
     /// The owner was found dead ([`Self::owner_died`]).
     pub(crate) owner_dead: std::cell::Cell<bool>,
+    /// The sender's state of `rq`'s single-consumer mode (`shm::solo`).
+    pub(crate) solo: std::cell::Cell<recvq::Solo>,
 }
 
 /// One-sided operations between two checks that the target's owning process is alive.
@@ -130,6 +132,7 @@ pub(crate) fn resolve_dest(f: &Fabric, qpn: u32) -> Option<DestView> {
         cq_head: std::cell::Cell::new(0),
         one_sided: std::cell::Cell::new(0),
         owner_dead: std::cell::Cell::new(false),
+        solo: std::cell::Cell::new(recvq::Solo::Untried),
     };
     (s.qpn.load(Ordering::Acquire) == qpn).then_some(v)
 }

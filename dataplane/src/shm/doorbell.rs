@@ -544,7 +544,8 @@ pub(crate) fn post_fast<const XRC: bool>(
         // event); a tag-matching SRQ goes the general way (it may match the message).
         // (`resolve_dest` gives a target an RQ or an SRQ, never both.)
         let (rq, taken) = match (&d.rq, &d.srq) {
-            (Some(rq), _) => (&**rq, recvq::pop_held(rq, &mut st.rx)),
+            // The connected sender: the queue's single-consumer mode (`shm::solo`).
+            (Some(rq), _) => (&**rq, recvq::pop_held_solo(rq, &d.solo, &mut st.rx)),
             (None, Some(srq)) if srq.tm.is_none() => {
                 let run = &mut st.run;
                 let taken = if run.left > 0 && run.srqn == srq.srqn {

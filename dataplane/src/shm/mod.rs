@@ -33,6 +33,7 @@ mod recvq;
 mod retry;
 mod ring;
 pub mod sizing;
+mod solo;
 mod sq;
 mod sq_lock;
 mod srq;
@@ -190,6 +191,10 @@ impl crate::Provider for Shm {
 
     fn open(cfg: &ShmConfig) -> Result<ShmContext> {
         let (fabric, idx) = Fabric::open(&cfg.fabric, cfg.size, cfg.huge)?;
+        // The single-consumer mode's registration (once per process): with other threads
+        // running it waits for an RCU grace period (~8 ms here), which a first post must
+        // not pay.
+        solo::enabled();
         let caps = shm_caps(fabric.size());
         Ok(ShmContext { inner: Arc::new(CtxInner { fabric, idx, lid: idx as u16 + 1, caps }) })
     }

@@ -285,6 +285,8 @@ impl ShmQp {
 
     fn drain_rq_silently(&self) {
         if let Some((rq, _, _)) = &self.rq {
+            // As `qp_error::flush_rq`: the connected sender's plain-store pops end first.
+            super::solo::revoke(rq);
             let mut e = RecvEntry::default();
             while recvq::pop(rq, &mut e) {}
         }
@@ -532,6 +534,12 @@ impl ShmQp {
     /// The CQ receive completions go to.
     pub fn recv_cqn(&self) -> u32 {
         self.recv_cq.cqn
+    }
+
+    /// The QP's own receive queue's single-consumer mode word (`shm::solo`), for tests.
+    #[cfg(test)]
+    pub(crate) fn rq_solo_mode(&self) -> Option<u64> {
+        self.rq.as_ref().map(|(rq, _, _)| rq.solo_mode())
     }
 }
 

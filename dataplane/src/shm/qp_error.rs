@@ -63,6 +63,8 @@ pub(crate) fn flush_rq(f: &Fabric, s: &QpSlot, qpn: u32) {
     let Ok(rq) = f.recv_ring(s.rq_off.load(Ordering::Relaxed), cap, sge) else { return };
     let Some(cq) = cq_ring(f, s.recv_cqn.load(Ordering::Relaxed)) else { return };
     let cqn = s.recv_cqn.load(Ordering::Relaxed);
+    // The connected sender may be popping with plain stores (`shm::solo`): end that first.
+    super::solo::revoke(&rq);
     let mut e = RecvEntry::default();
     let mut cq_head = 0;
     while recvq::pop(&rq, &mut e) {

@@ -4,6 +4,7 @@ use super::fabric::Fabric;
 use super::mr::{mr_lookup, MrView};
 use super::wire::RecvRing;
 use crate::verbs::{AccessFlags, Errno, PostError, RecvChain, Sge};
+use std::cell::Cell;
 
 pub(crate) use super::wire::{RecvEntry, MAX_SGE};
 
@@ -264,6 +265,60 @@ pub(crate) fn pop_held(ring: &RecvRing, out: &mut RecvEntry) -> Option<u64> {
         ring.prefetch(0);
     }
     got
+}
+
+/// The connected sender's state of a receive queue's single-consumer mode (`shm::solo`),
+/// cached in its view of the target (`DestView::solo`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub(crate) enum Solo {
+    /// Not tried yet: the next pop tries to take the mode.
+    #[default]
+    Untried,
+    /// Ours: pops are plain stores until a revocation.
+    Held,
+    /// Taken by another consumer, revoked, or off in this process: pops are CAS.
+    Shared,
+}
+
+/// [`pop_held`] for a connected QP's sender: with the queue's single-consumer mode (`solo`,
+/// which the first call tries to take) a plain store to `head` instead of a CAS.
+///
+/// Only the held mode's pop and the shared mode's CAS are inline: the first call's claim
+/// and a revocation seen are out of line ([`pop_held_solo_cold`]), so the post's fast path
+/// (into which this inlines) carries no more than the check of `solo`.
+#[inline(always)]
+pub(crate) fn pop_held_solo(ring: &RecvRing, solo: &Cell<Solo>, out: &mut RecvEntry) -> Option<u64> {
+    match solo.get() {
+        Solo::Held => match ring.pop_solo(out) {
+            Some(got) => {
+                let got = got.ok();
+                if got.is_some() {
+                    // As in `pop_held`.
+                    ring.prefetch(0);
+                }
+                got
+            }
+            None => pop_held_solo_cold(ring, solo, out),
+        },
+        Solo::Shared => pop_held(ring, out),
+        Solo::Untried => pop_held_solo_cold(ring, solo, out),
+    }
+}
+
+/// [`pop_held_solo`]'s rare cases: the first pop of a connection, which tries to take the
+/// mode, and the first after a revocation, which pops with CAS from then on.
+#[cold]
+#[inline(never)]
+fn pop_held_solo_cold(ring: &RecvRing, solo: &Cell<Solo>, out: &mut RecvEntry) -> Option<u64> {
+    let held = solo.get() == Solo::Untried && super::solo::enabled() && ring.solo_claim(std::process::id());
+    solo.set(if held { Solo::Held } else { Solo::Shared });
+    if held {
+        if let Some(got) = ring.pop_solo(out) {
+            return got.ok();
+        }
+        solo.set(Solo::Shared);
+    }
+    pop_held(ring, out)
 }
 
 /// [`pop_held`] of a run of up to `max` requests, claimed with one CAS

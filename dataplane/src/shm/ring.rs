@@ -21,7 +21,9 @@
 //!   the owner would have to re-read `head` on every repost (the ring is always "full" by a
 //!   stale view), and the sender's CAS on `head` would then wait for that line to come back
 //!   on every message. Measured: 8-byte `send_lat` went from 0.2/0.6 µs (the two host
-//!   placements) to 0.3/0.9 µs, so it was reverted.
+//!   placements) to 0.3/0.9 µs, so it was reverted. A connected QP's receive queue may
+//!   instead be held by its one sender, which then claims with a plain store to `head`
+//!   ([`Ring::pop_solo`], `shm::solo`).
 //!
 //! The Acquire load of the sequence on the consumer side orders the payload bytes after it.
 //!
@@ -47,14 +49,29 @@ use super::cell::{CellMut, CellRef};
 /// Bytes of a cell before its payload: the sequence word (8, or a loom atomic's size).
 const SEQ_LEN: usize = std::mem::size_of::<AtomicU64>().next_multiple_of(8);
 
-/// Shared header of a ring: producer and consumer positions on their own cache lines.
+/// Shared header of a ring: producer and consumer positions on their own cache lines. The
+/// consumer's line also holds the words of the single-consumer mode of a connected QP's
+/// receive queue (`shm::solo`), which only the consumers touch.
 #[repr(C, align(128))]
 pub(crate) struct RingHeader {
     head: AtomicU64,
-    _pad0: [u8; 120],
+    /// [`SOLO_FREE`], [`SOLO_HELD`] or [`SOLO_SHARED`].
+    solo: AtomicU64,
+    /// 1 while the solo consumer is inside [`Ring::pop_solo`].
+    solo_busy: AtomicU64,
+    /// The solo consumer's process id (written once, when it takes the mode).
+    solo_pid: AtomicU64,
+    _pad0: [u8; 96],
     tail: AtomicU64,
     _pad1: [u8; 120],
 }
+
+/// No consumer has taken the single-consumer mode yet: every pop so far was a CAS.
+pub(crate) const SOLO_FREE: u64 = 0;
+/// One consumer took the mode ([`Ring::solo_claim`]) and moves `head` with plain stores.
+pub(crate) const SOLO_HELD: u64 = 1;
+/// The mode was revoked ([`Ring::solo_revoke`]): every pop is a CAS, for the ring's life.
+pub(crate) const SOLO_SHARED: u64 = 2;
 
 /// Re-reads of a shared position after which a ring operation gives up. A re-read happens
 /// only when another producer or consumer won the race for the cell (so `head`/`tail` moved)
@@ -118,6 +135,9 @@ impl Ring {
         // must be created before it is used).
         unsafe {
             std::ptr::write(&raw mut (*hdr).head, AtomicU64::new(0));
+            std::ptr::write(&raw mut (*hdr).solo, AtomicU64::new(SOLO_FREE));
+            std::ptr::write(&raw mut (*hdr).solo_busy, AtomicU64::new(0));
+            std::ptr::write(&raw mut (*hdr).solo_pid, AtomicU64::new(0));
             std::ptr::write(&raw mut (*hdr).tail, AtomicU64::new(0));
         }
         // SAFETY: the cells follow the header inside the range of the contract.
@@ -474,6 +494,82 @@ impl Ring {
             }
             rereads += 1;
         }
+    }
+
+    /// Takes the single-consumer mode for process `pid`: from now on this consumer may pop
+    /// with [`Ring::pop_solo`], without a locked instruction, until a revocation. False if
+    /// the mode was taken or revoked before (the caller pops with CAS, as every other
+    /// consumer). The caller must be the only consumer that ever pops outside the CAS
+    /// protocol, and must order its pops after every other consumer's (`shm::solo`).
+    pub(crate) fn solo_claim(&self, pid: u32) -> bool {
+        let h = self.hdr();
+        let won = h.solo.compare_exchange(SOLO_FREE, SOLO_HELD, Ordering::AcqRel, Ordering::Relaxed).is_ok();
+        if won {
+            // Before any `solo_busy` store of ours, so a revoker that sees us busy sees it.
+            h.solo_pid.store(u64::from(pid), Ordering::Relaxed);
+        }
+        won
+    }
+
+    /// [`Ring::pop_held`] for the consumer that took the single-consumer mode
+    /// ([`Ring::solo_claim`]): claims the oldest entry with a plain store to `head`. `None`
+    /// if the mode was revoked (nothing was claimed: pop with [`Ring::pop_held`]).
+    ///
+    /// The protocol (an asymmetric Dekker, as userspace RCU's): this consumer raises
+    /// `solo_busy`, then reads `solo`; a revoker writes `solo`, then makes every thread of
+    /// every registered process run a full barrier (`membarrier`, `shm::solo`), then waits
+    /// for `solo_busy` to fall. Either our read of `solo` comes after that barrier, and sees
+    /// the revocation, or our `solo_busy` store came before it, and the revoker sees it and
+    /// waits for the Release store that lowers it, after our move of `head`. Only a compiler
+    /// fence is needed on this side: the barrier the revoker forces stands in for the
+    /// hardware fence between our store and load.
+    #[inline(always)]
+    pub(crate) fn pop_solo(&self, read: impl FnOnce(CellRef<'_>)) -> Option<Result<u64, Pop>> {
+        let h = self.hdr();
+        h.solo_busy.store(1, Ordering::Relaxed);
+        std::sync::atomic::compiler_fence(Ordering::SeqCst);
+        if h.solo.load(Ordering::Acquire) != SOLO_HELD {
+            h.solo_busy.store(0, Ordering::Release);
+            return None;
+        }
+        let pos = h.head.load(Ordering::Relaxed);
+        let (payload, seq) = self.cell(pos);
+        let dif = seq.load(Ordering::Acquire).wrapping_sub(pos.wrapping_add(1)) as i64;
+        let got = if dif == 0 {
+            h.head.store(pos.wrapping_add(1), Ordering::Relaxed);
+            read(self.readable(payload));
+            Ok(pos)
+        } else if dif < 0 {
+            Err(Pop::Empty)
+        } else {
+            // Ahead of `head + 1` with no other consumer: only a scribbled word does that.
+            Err(Pop::Stalled)
+        };
+        // Release: a revoker that reads 0 here (Acquire) sees our `head`.
+        h.solo_busy.store(0, Ordering::Release);
+        Some(got)
+    }
+
+    /// Ends the single-consumer mode for good (first step of a revocation, `shm::solo`):
+    /// true if a consumer may have taken the mode (the caller must then run the barrier and
+    /// wait while [`Ring::solo_busy`]), false if none ever did, in which case none ever will.
+    pub(crate) fn solo_revoke(&self) -> bool {
+        self.hdr().solo.swap(SOLO_SHARED, Ordering::AcqRel) != SOLO_FREE
+    }
+
+    /// The single-consumer mode word ([`SOLO_FREE`], [`SOLO_HELD`], [`SOLO_SHARED`]).
+    #[cfg(test)]
+    pub(crate) fn solo_mode(&self) -> u64 {
+        self.hdr().solo.load(Ordering::Relaxed)
+    }
+
+    /// Whether the solo consumer is inside [`Ring::pop_solo`] (Acquire: once false, its
+    /// move of `head` is visible), and its process id (0 if not yet visible: read after the
+    /// revocation's barrier, a busy holder's id always is).
+    pub(crate) fn solo_busy(&self) -> (bool, u32) {
+        let h = self.hdr();
+        let busy = h.solo_busy.load(Ordering::Acquire) != 0;
+        (busy, h.solo_pid.load(Ordering::Relaxed) as u32)
     }
 
     /// Hands back the end of a run this consumer claimed ([`Ring::pop_run`]): the cells

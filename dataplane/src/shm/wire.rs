@@ -470,6 +470,13 @@ impl RecvRing {
         self.ring.pop_held(|c| self.read(c, out))
     }
 
+    /// [`RecvRing::pop_held`] for the holder of the ring's single-consumer mode
+    /// ([`Ring::pop_solo`]): `None` if the mode was revoked.
+    #[inline(always)]
+    pub(crate) fn pop_solo(&self, out: &mut RecvEntry) -> Option<Result<u64, Pop>> {
+        self.ring.pop_solo(|c| self.read(c, out))
+    }
+
     /// [`RecvRing::pop_held`] of a run of up to `max` requests ([`Ring::pop_run`]): reads the
     /// first into `out` and returns its position and the run's length; the others are read
     /// with [`RecvRing::read_held`], and each must be released.
