@@ -563,6 +563,12 @@ impl Ring {
         self.hdr().solo.load(Ordering::Relaxed)
     }
 
+    /// Raises the solo consumer's flag as a holder stuck inside a pop would (tests).
+    #[cfg(test)]
+    pub(crate) fn raise_solo_busy_for_test(&self) {
+        self.hdr().solo_busy.store(1, Ordering::Relaxed);
+    }
+
     /// Whether the solo consumer is inside [`Ring::pop_solo`] (Acquire: once false, its
     /// move of `head` is visible), and its process id (0 if not yet visible: read after the
     /// revocation's barrier, a busy holder's id always is).

@@ -34,6 +34,11 @@
 use super::fabric::pid_alive;
 use super::ring::Ring;
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// How long a revocation waits for a holder's flag to fall ([`revoke`]): the ring's own
+/// patience for a consumer between its claim and its free (`ring::HELD_CELL_PATIENCE`).
+const REVOKE_PATIENCE: Duration = Duration::from_millis(100);
 
 /// `membarrier` commands (linux/membarrier.h).
 const CMD_QUERY: libc::c_int = 0;
@@ -63,18 +68,25 @@ pub(crate) fn enabled() -> bool {
 
 /// Ends `ring`'s single-consumer mode before a pop by anyone but its holder: afterwards the
 /// holder pops with CAS, and a pop of its that was under way is complete (its `head` is
-/// visible to the caller). Returns at once when no one ever held the mode. A holder that
-/// died inside a pop is not waited for.
+/// visible to the caller). Returns at once when no one ever held the mode.
+///
+/// A holder that died inside a pop is not waited for, nor one whose flag stays up past
+/// [`REVOKE_PATIENCE`] (a pop is a few instructions: only a holder descheduled that long,
+/// or a peer scribbling the flag, keeps it up; the trust boundary of `ring.rs` says no
+/// shared word may hold a caller forever). Past that bound a holder still inside its pop
+/// could take the request the caller takes next, as a consumer descheduled between a claim
+/// and its free can make a bounded post wait and fail (`Ring::wait_held_cell`).
 #[cold]
 pub(crate) fn revoke(ring: &Ring) {
     if !ring.solo_revoke() {
         return;
     }
     barrier();
+    let deadline = Instant::now() + REVOKE_PATIENCE;
     loop {
         let (busy, pid) = ring.solo_busy();
         // A holder id of 0 is not visible yet: the holder is alive and just took the mode.
-        if !busy || (pid != 0 && !pid_alive(pid)) {
+        if !busy || (pid != 0 && !pid_alive(pid)) || Instant::now() >= deadline {
             return;
         }
         std::thread::yield_now();
@@ -217,6 +229,22 @@ mod tests {
         assert!(!r.solo_claim(1));
         // SAFETY: 8-byte payload.
         assert!(r.pop_solo(|c| assert_eq!(c.get::<u64>(0), 0)).is_none(), "no plain-store pop after a revocation");
+        drop(b);
+    }
+
+    /// A flag left up (a peer scribbling it, with a live process id) holds a revocation no
+    /// longer than the patience bound.
+    #[test]
+    fn a_flag_stuck_up_does_not_hold_a_revoker_forever() {
+        let mut b = Box::new(Buf([0; 4096]));
+        // SAFETY: as above.
+        let r = unsafe { Ring::init(b.0.as_mut_ptr(), 64, 16) };
+        assert!(r.solo_claim(std::process::id()));
+        r.raise_solo_busy_for_test();
+        let t = Instant::now();
+        revoke(&r);
+        assert!(t.elapsed() >= REVOKE_PATIENCE && t.elapsed() < REVOKE_PATIENCE * 20);
+        assert_eq!(r.solo_mode(), SOLO_SHARED);
         drop(b);
     }
 
