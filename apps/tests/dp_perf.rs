@@ -338,6 +338,22 @@ fn fabric_file(fabric: &str) -> std::path::PathBuf {
     std::path::PathBuf::from(format!("/dev/shm/dataplane.{fabric}"))
 }
 
+/// A server waiting for its client ends on SIGTERM or SIGINT, saying why (it used to wait on:
+/// std's accept retries EINTR).
+#[test]
+fn a_waiting_server_stops_on_sigterm_and_sigint() {
+    for sig in [libc::SIGTERM, libc::SIGINT] {
+        let port = free_port();
+        let server = dp_perf(&["send_lat", "-p", &port]).spawn().expect("spawn server");
+        std::thread::sleep(Duration::from_millis(300)); // into its wait
+        signal(server.id(), sig);
+        let out = wait_within(server, Duration::from_secs(10), "signalled server");
+        assert!(!out.status.success());
+        let err = text(&out.stderr);
+        assert!(err.contains("stopped by SIGINT or SIGTERM while waiting for a client"), "{err}");
+    }
+}
+
 #[test]
 fn the_survivor_of_a_killed_peer_removes_the_fabric_file() {
     // Either side killed mid-run: the other ends with an error, through its destructors, so

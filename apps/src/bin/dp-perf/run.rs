@@ -11,6 +11,7 @@ use crate::setup::{shm_fabric, slot_count, slot_len, slots_mem, Backend, End, Re
 use crate::{lat, params};
 use dataplane::{Context, Provider};
 use hdrhistogram::Histogram;
+use std::io::ErrorKind;
 use std::net::TcpListener;
 use std::time::Duration;
 
@@ -319,14 +320,23 @@ fn client_size<P: Backend>(args: &Args, ctx: &P::Context, ctl: &mut Ctl, size: u
 fn server<P: Backend>(args: &mut Args) -> Res<()> {
     let l = TcpListener::bind(("0.0.0.0", args.tcp_port))
         .map_err(|e| format!("cannot listen on TCP port {}: {e}", args.tcp_port))?;
+    // Polled, not a blocking accept: std's accept retries EINTR, so a blocked server never
+    // saw the signal handler's flag and SIGINT or SIGTERM left it waiting.
+    l.set_nonblocking(true).map_err(|e| format!("cannot listen on TCP port {}: {e}", args.tcp_port))?;
     eprintln!("dp-perf: waiting for a client on TCP port {} ({})", args.tcp_port, P::NAME);
-    let (s, _) = l.accept().map_err(|e| {
-        if dataplane_apps::signals::stopped() {
-            "stopped by SIGINT or SIGTERM while waiting for a client".to_owned()
-        } else {
-            format!("accepting a client: {e}")
+    let s = loop {
+        match l.accept() {
+            Ok((s, _)) => break s,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {
+                if dataplane_apps::signals::stopped() {
+                    return Err("stopped by SIGINT or SIGTERM while waiting for a client".to_owned());
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => return Err(format!("accepting a client: {e}")),
         }
-    })?;
+    };
+    s.set_nonblocking(false).map_err(|e| format!("accepting a client: {e}"))?;
     drop(l);
     let mut ctl = Ctl::new(s)?;
     let r = server_run::<P>(args, &mut ctl);
