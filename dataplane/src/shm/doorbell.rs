@@ -1306,9 +1306,7 @@ mod tests {
         let (mut qa, mut qb) = (qp(None), qp(Some(&srq)));
         let (na, nb) = (qa.qp_num(), qb.qp_num());
         for (q, dest) in [(&mut qa, nb), (&mut qb, na)] {
-            q.modify(&QpAttr { state: QpState::Init, ..Default::default() }).unwrap();
-            q.modify(&QpAttr { state: QpState::Rtr, dest_qp_num: dest, ..Default::default() }).unwrap();
-            q.modify(&QpAttr { state: QpState::Rts, ..Default::default() }).unwrap();
+            crate::shm::unit_connect(q, dest, AccessFlags::empty());
         }
         ((ctx, pd, rcq, srq, qa, qb), mr)
     }

@@ -743,9 +743,7 @@ pub(crate) mod tests {
             (pd.create_qp(&attr(if shared { &rb } else { &sa }, &ra)).unwrap(), pd.create_qp(&attr(&sb, &rb)).unwrap());
         let (na, nb) = (a.qp_num(), b.qp_num());
         for (q, dest) in [(&mut a, nb), (&mut b, na)] {
-            q.modify(&QpAttr { state: QpState::Init, ..Default::default() }).unwrap();
-            q.modify(&QpAttr { state: QpState::Rtr, dest_qp_num: dest, ..Default::default() }).unwrap();
-            q.modify(&QpAttr { state: QpState::Rts, ..Default::default() }).unwrap();
+            crate::shm::unit_connect(q, dest, AccessFlags::empty());
         }
         FORCE.with(|f| f.set(None));
         Pair { _ctx: ctx, a, b, sa, ra, rb, mr }

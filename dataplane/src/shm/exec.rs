@@ -624,10 +624,7 @@ mod tests {
         let (mut qa, mut qb): (ShmQp, ShmQp) = (pd.create_qp(&attr).unwrap(), pd.create_qp(&attr).unwrap());
         let (na, nb) = (qa.qp_num(), qb.qp_num());
         for (q, dest) in [(&mut qa, nb), (&mut qb, na)] {
-            q.modify(&QpAttr { state: QpState::Init, access: AccessFlags::REMOTE_WRITE, ..Default::default() })
-                .unwrap();
-            q.modify(&QpAttr { state: QpState::Rtr, dest_qp_num: dest, ..Default::default() }).unwrap();
-            q.modify(&QpAttr { state: QpState::Rts, ..Default::default() }).unwrap();
+            crate::shm::unit_connect(q, dest, AccessFlags::REMOTE_WRITE);
         }
         let mut gone = std::process::Command::new("true").spawn().unwrap();
         gone.wait().unwrap();

@@ -346,3 +346,13 @@ pub(crate) fn unit_context(name: &str) -> ShmContext {
         ShmConfig { fabric: format!("unit-{name}-{}", std::process::id()), size: 16 << 20, huge: HugePolicy::Never };
     <Shm as crate::Provider>::open(&cfg).expect("open a unit-test fabric")
 }
+
+/// Moves a unit test's connected QP through INIT (with `access`), RTR (to `dest`) and RTS.
+#[cfg(test)]
+pub(crate) fn unit_connect(qp: &mut ShmQp, dest: u32, access: crate::verbs::AccessFlags) {
+    use crate::verbs::{QpAttr, QpState};
+    use crate::Qp;
+    qp.modify(&QpAttr { state: QpState::Init, access, ..Default::default() }).unwrap();
+    qp.modify(&QpAttr { state: QpState::Rtr, dest_qp_num: dest, ..Default::default() }).unwrap();
+    qp.modify(&QpAttr { state: QpState::Rts, ..Default::default() }).unwrap();
+}

@@ -258,10 +258,14 @@ pub(crate) fn push(ring: &RecvRing, bound: &mut RecvBound, wr_id: u64, sges: &[S
 /// path (`Ring::stalled`). The cell stays held until `Ring::release` (`Ring::pop_held`).
 #[inline]
 pub(crate) fn pop_held(ring: &RecvRing, out: &mut RecvEntry) -> Option<u64> {
-    let got = ring.pop_held(out).ok();
+    prefetch_next(ring, ring.pop_held(out).ok())
+}
+
+/// After a pop that took a request: the next one is usually posted already, so fetch its
+/// line now, off the next message's critical path.
+#[inline(always)]
+fn prefetch_next<T>(ring: &RecvRing, got: Option<T>) -> Option<T> {
     if got.is_some() {
-        // The next request is usually posted already: fetch its line now, off the next
-        // message's critical path.
         ring.prefetch(0);
     }
     got
@@ -290,14 +294,7 @@ pub(crate) enum Solo {
 pub(crate) fn pop_held_solo(ring: &RecvRing, solo: &Cell<Solo>, out: &mut RecvEntry) -> Option<u64> {
     match solo.get() {
         Solo::Held => match ring.pop_solo(out) {
-            Some(got) => {
-                let got = got.ok();
-                if got.is_some() {
-                    // As in `pop_held`.
-                    ring.prefetch(0);
-                }
-                got
-            }
+            Some(got) => prefetch_next(ring, got.ok()),
             None => pop_held_solo_cold(ring, solo, out),
         },
         Solo::Shared => pop_held(ring, out),
@@ -314,7 +311,7 @@ fn pop_held_solo_cold(ring: &RecvRing, solo: &Cell<Solo>, out: &mut RecvEntry) -
     solo.set(if held { Solo::Held } else { Solo::Shared });
     if held {
         if let Some(got) = ring.pop_solo(out) {
-            return got.ok();
+            return prefetch_next(ring, got.ok());
         }
         solo.set(Solo::Shared);
     }
@@ -326,12 +323,8 @@ fn pop_held_solo_cold(ring: &RecvRing, solo: &Cell<Solo>, out: &mut RecvEntry) -
 /// the run's length. The caller reads the others (`RecvRing::read_held`) and releases each.
 #[inline]
 pub(crate) fn pop_run(ring: &RecvRing, max: u64, out: &mut RecvEntry) -> Option<(u64, u64)> {
-    let got = ring.pop_run(max, out).ok();
-    if got.is_some() {
-        // As in `pop_held`: the request after the run.
-        ring.prefetch(0);
-    }
-    got
+    // The request after the run.
+    prefetch_next(ring, ring.pop_run(max, out).ok())
 }
 
 /// [`pop_held`] and the cell's release at once.

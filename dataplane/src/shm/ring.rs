@@ -82,7 +82,6 @@ pub(crate) const MAX_REREADS: u32 = 1 << 16;
 /// How long a bounded push's producer waits for a consumer to free a cell it claimed
 /// ([`Ring::wait_held_cell`]): far longer than the few instructions between the two, unless
 /// that consumer was descheduled (a scheduler tick is a few ms) or died.
-#[cfg(not(loom))]
 pub(crate) const HELD_CELL_PATIENCE: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Bytes the header occupies before the first cell.
@@ -178,6 +177,16 @@ impl Ring {
             let c = self.cells.add((pos & self.mask) as usize * self.stride);
             (c.add(SEQ_LEN), &*(c as *const AtomicU64))
         }
+    }
+
+    /// A consumer's view of the cell at `pos`: its payload and how far its sequence (Acquire:
+    /// a published cell's payload stores are visible) is from "published for this lap"
+    /// (`pos + 1`): 0 published, negative not yet (empty), positive a lap ahead (another
+    /// consumer took it, or a scribbled word).
+    #[inline(always)]
+    fn consumer_lag(&self, pos: u64) -> (*mut u8, i64) {
+        let (payload, seq) = self.cell(pos);
+        (payload, seq.load(Ordering::Acquire).wrapping_sub(pos.wrapping_add(1)) as i64)
     }
 
     /// The payload of a cell this producer was given by the protocol, as a write handle.
@@ -465,9 +474,7 @@ impl Ring {
         let mut pos = hdr.head.load(Ordering::Relaxed);
         let mut rereads = 0u32;
         loop {
-            let (payload, seq) = self.cell(pos);
-            let s = seq.load(Ordering::Acquire);
-            let dif = s.wrapping_sub(pos.wrapping_add(1)) as i64;
+            let (payload, dif) = self.consumer_lag(pos);
             if dif == 0 {
                 let mut k = 1;
                 while k < max {
@@ -533,8 +540,7 @@ impl Ring {
             return None;
         }
         let pos = h.head.load(Ordering::Relaxed);
-        let (payload, seq) = self.cell(pos);
-        let dif = seq.load(Ordering::Acquire).wrapping_sub(pos.wrapping_add(1)) as i64;
+        let (payload, dif) = self.consumer_lag(pos);
         let got = if dif == 0 {
             h.head.store(pos.wrapping_add(1), Ordering::Relaxed);
             read(self.readable(payload));
@@ -771,12 +777,6 @@ mod tests {
         use std::sync::atomic::{AtomicU64, Ordering};
         use std::time::{Duration, Instant};
 
-        fn rts(qp: &mut ShmQp, dest: u32) {
-            qp.modify(&QpAttr { state: QpState::Init, ..Default::default() }).unwrap();
-            qp.modify(&QpAttr { state: QpState::Rtr, dest_qp_num: dest, ..Default::default() }).unwrap();
-            qp.modify(&QpAttr { state: QpState::Rts, ..Default::default() }).unwrap();
-        }
-
         /// Sends one 8-byte message from `qa` on another thread; the sender's completion
         /// status, or a panic if it took longer than 10 s.
         fn send_one(ctx: &ShmContext, pd: &<Shm as Provider>::Pd, qa: ShmQp, scq: <Shm as Provider>::Cq) -> WcStatus {
@@ -830,8 +830,8 @@ mod tests {
             let (ctx, pd, scq, rcq) = open("srq");
             let srq = pd.create_srq(&SrqAttr { max_wr: 8, max_sge: 1, srq_limit: 0 }).unwrap();
             let (mut qa, mut qb) = (qp(&pd, &scq, &rcq, None), qp(&pd, &scq, &rcq, Some(&srq)));
-            rts(&mut qa, qb.qp_num());
-            rts(&mut qb, qa.qp_num());
+            crate::shm::unit_connect(&mut qa, qb.qp_num(), AccessFlags::empty());
+            crate::shm::unit_connect(&mut qb, qa.qp_num(), AccessFlags::empty());
             let ring = srq.shared.ring;
             for i in 0..ring.capacity() {
                 ring.cell(i).1.store(1 << 62, Ordering::Relaxed);
@@ -844,8 +844,8 @@ mod tests {
         fn rq_head_at_the_top_of_u64_fails_the_sender() {
             let (ctx, pd, scq, rcq) = open("rq");
             let (mut qa, mut qb) = (qp(&pd, &scq, &rcq, None), qp(&pd, &scq, &rcq, None));
-            rts(&mut qa, qb.qp_num());
-            rts(&mut qb, qa.qp_num());
+            crate::shm::unit_connect(&mut qa, qb.qp_num(), AccessFlags::empty());
+            crate::shm::unit_connect(&mut qb, qa.qp_num(), AccessFlags::empty());
             let f = &ctx.inner.fabric;
             let s = f.qp_slot(key_index(qb.qp_num(), QP_IDX_BITS));
             let ring = f

@@ -32,13 +32,13 @@
 //! revokers on real threads.
 
 use super::fabric::pid_alive;
-use super::ring::Ring;
+use super::ring::{Ring, HELD_CELL_PATIENCE};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// How long a revocation waits for a holder's flag to fall ([`revoke`]): the ring's own
-/// patience for a consumer between its claim and its free (`ring::HELD_CELL_PATIENCE`).
-const REVOKE_PATIENCE: Duration = Duration::from_millis(100);
+/// patience for a consumer between its claim and its free.
+const REVOKE_PATIENCE: Duration = HELD_CELL_PATIENCE;
 
 /// `membarrier` commands (linux/membarrier.h).
 const CMD_QUERY: libc::c_int = 0;
@@ -106,11 +106,10 @@ fn barrier() {
 mod tests {
     use super::*;
     use crate::shm::ring::{Pop, SOLO_FREE, SOLO_HELD, SOLO_SHARED};
-    use crate::shm::{unit_context, Shm, ShmQp};
+    use crate::shm::{unit_context, Shm};
     use crate::verbs::*;
     use crate::{Context, Cq, Mr, Pd, Provider, Qp, QpInitAttr};
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    use std::time::Duration;
 
     #[repr(C, align(128))]
     struct Buf([u8; 4096]);
@@ -249,12 +248,6 @@ mod tests {
         drop(b);
     }
 
-    fn rts(qp: &mut ShmQp, dest: u32) {
-        qp.modify(&QpAttr { state: QpState::Init, ..Default::default() }).unwrap();
-        qp.modify(&QpAttr { state: QpState::Rtr, dest_qp_num: dest, ..Default::default() }).unwrap();
-        qp.modify(&QpAttr { state: QpState::Rts, ..Default::default() }).unwrap();
-    }
-
     /// End to end: a connected sender's first SEND takes its target's receive queue's mode;
     /// moving the target to ERROR revokes it and flushes exactly the requests the sender did
     /// not take.
@@ -275,8 +268,8 @@ mod tests {
         let mut qa = pd.create_qp(&attr(&scq)).unwrap();
         let mut qb = pd.create_qp(&attr(&rcq)).unwrap();
         let (na, nb) = (qa.qp_num(), qb.qp_num());
-        rts(&mut qa, nb);
-        rts(&mut qb, na);
+        crate::shm::unit_connect(&mut qa, nb, AccessFlags::empty());
+        crate::shm::unit_connect(&mut qb, na, AccessFlags::empty());
         let region = ctx.alloc_region(4096).unwrap();
         let mr = pd.reg_mr(&region, 0, 4096, AccessFlags::LOCAL_WRITE).unwrap();
         for i in 0..4u64 {
