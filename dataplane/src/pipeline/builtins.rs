@@ -1,7 +1,7 @@
 //! The built-in handlers: echo, forward, fanout, sink, source, sequencer.
 
+use super::LogLinearHistogram;
 use super::{read_u64, write_u64, Handler, Msg, StageCx, StageReport, HEADER_LEN, SEQ_OFFSET, TS_OFFSET};
-use hdrhistogram::Histogram;
 
 /// Sends every message back on the QP it came from.
 #[derive(Debug, Default)]
@@ -71,14 +71,15 @@ pub struct Sink {
     expected: u64,
     gaps: u64,
     duplicates: u64,
-    hist: Option<Histogram<u64>>,
+    hist: Option<LogLinearHistogram>,
 }
 
 impl Sink {
     /// A sink; `verify` checks sequence numbers, `histogram` records latencies (1 ns to 60 s,
-    /// 3 significant digits; allocated here, never on the hot path).
+    /// 3 significant digits, in a [`LogLinearHistogram`]: allocated here, never on the hot
+    /// path).
     pub fn new(verify: bool, histogram: bool) -> Sink {
-        let hist = histogram.then(|| Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds"));
+        let hist = histogram.then(|| LogLinearHistogram::new(60_000_000_000));
         Sink { verify, expected: 0, gaps: 0, duplicates: 0, hist }
     }
 }
@@ -104,7 +105,7 @@ impl Handler for Sink {
             if let Some(h) = &mut self.hist {
                 let lat = cx.rx_time_ns().saturating_sub(ts).max(1);
                 // Values above the bound are clamped; recording never allocates.
-                let _ = h.record(lat.min(h.high()));
+                h.record(lat);
                 cx.record_latency(lat);
             }
         }
@@ -116,7 +117,12 @@ impl Handler for Sink {
     }
 
     fn report(&self) -> StageReport {
-        StageReport { gaps: self.gaps, duplicates: self.duplicates, latency: self.hist.clone(), values: Vec::new() }
+        StageReport {
+            gaps: self.gaps,
+            duplicates: self.duplicates,
+            latency: self.hist.as_ref().map(LogLinearHistogram::to_hdr),
+            values: Vec::new(),
+        }
     }
 }
 

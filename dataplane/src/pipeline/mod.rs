@@ -10,8 +10,10 @@
 //! nanoseconds since the pipeline's [`Clock`] base (little endian), the rest padding.
 
 mod builtins;
+pub mod histogram;
 
 pub use builtins::{Echo, Fanout, Forward, Sequencer, Sink, Source, SourceLimits};
+pub use histogram::LogLinearHistogram;
 
 use crate::mem::{Buf, BufferPool, PoolCache};
 use crate::worker::fifo::Fifo;

@@ -2,20 +2,20 @@
 //! intent's own buffer, and sends it to its output (an RC QP to the exchange). Tick-to-trade
 //! is measured here, at the post: the pipeline clock now minus the ITCH timestamp of the feed
 //! message behind the order (the feed stamps its send time), into the stage's live latency
-//! histogram (dpctl) and an HdrHistogram for the summary.
+//! histogram (dpctl) and a `LogLinearHistogram` (HdrHistogram's buckets, recorded in a few
+//! instructions) for the summary.
 
 use super::GatewayParams;
 use crate::events::Intent;
 use crate::ouch::{self, EnterOrder};
 use crate::sim::symbol_of;
-use dataplane::pipeline::{Handler, Msg, StageCx, StageReport};
-use hdrhistogram::Histogram;
+use dataplane::pipeline::{Handler, LogLinearHistogram, Msg, StageCx, StageReport};
 
 /// The gateway stage.
 pub struct Gateway {
     firm: [u8; 4],
     next_token: u64,
-    hist: Histogram<u64>,
+    hist: LogLinearHistogram,
     malformed: u64,
 }
 
@@ -26,7 +26,7 @@ impl Gateway {
         for (d, c) in firm.iter_mut().zip(p.firm.bytes()) {
             *d = c;
         }
-        let hist = Histogram::new_with_bounds(1, 60_000_000_000, 3).map_err(|e| format!("histogram: {e}"))?;
+        let hist = LogLinearHistogram::new(60_000_000_000);
         Ok(Gateway { firm, next_token: 1, hist, malformed: 0 })
     }
 }
@@ -54,7 +54,7 @@ impl Handler for Gateway {
         self.next_token += 1;
         let t2t = cx.now_ns().saturating_sub(i.itch_ts).max(1);
         // Clamped to the histogram's bound: recording never allocates.
-        let _ = self.hist.record(t2t.min(self.hist.high()));
+        self.hist.record(t2t);
         cx.record_latency(t2t);
         cx.send(0, msg);
     }
@@ -65,7 +65,7 @@ impl Handler for Gateway {
 
     fn report(&self) -> StageReport {
         StageReport {
-            latency: Some(self.hist.clone()),
+            latency: Some(self.hist.to_hdr()),
             values: vec![("orders_sent", self.next_token - 1), ("malformed", self.malformed)],
             ..Default::default()
         }
