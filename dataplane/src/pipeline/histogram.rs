@@ -19,11 +19,34 @@
 
 use hdrhistogram::Histogram;
 
-/// Significant bits of a bucket's values: 2^11 = 2,048 sub-buckets, hdrhistogram's count
-/// for 3 significant digits.
-const SUB_BITS: u32 = 11;
-/// Values with a bucket each.
-const SUB_COUNT: u64 = 1 << SUB_BITS;
+/// Buckets per power of two, as a power of two: 2^10 = 1,024, so values below 2^11 = 2,048
+/// have a bucket each (hdrhistogram's 2,048 sub-buckets for 3 significant digits).
+const SUB_BITS: u32 = 10;
+
+/// The bucket of `v` in a log-linear layout of 2^`sub_bits` buckets per power of two:
+/// values below 2^(`sub_bits` + 1) have a bucket each, and from 2^k on (k > `sub_bits`)
+/// each power of two [2^k, 2^(k+1)) is split into 2^`sub_bits` buckets of width
+/// 2^(k - `sub_bits`). Branch-free: a leading-zero count, a saturating subtract, two shifts
+/// and an add. Shared by this histogram and the sinks' live `LatencyBuckets`.
+#[inline]
+pub(crate) fn log_linear_index(v: u64, sub_bits: u32) -> usize {
+    // Below 2^(sub_bits+1) the shift is 0 and the index is the value; from 2^k on it is
+    // k - sub_bits, and `v >> shift` is in [2^sub_bits, 2^(sub_bits+1)): each power of two
+    // adds 2^sub_bits buckets after the 2^(sub_bits+1) of the first.
+    let shift = (u64::BITS - 1 - sub_bits).saturating_sub(v.leading_zeros());
+    ((shift as usize) << sub_bits) + (v >> shift) as usize
+}
+
+/// The lowest value of bucket `i` of [`log_linear_index`]'s layout (its inverse on bucket
+/// boundaries).
+pub(crate) fn log_linear_lowest(i: usize, sub_bits: u32) -> u64 {
+    let i = i as u64;
+    if i < 2 << sub_bits {
+        return i;
+    }
+    let shift = (i >> sub_bits) - 1;
+    (i - (shift << sub_bits)) << shift
+}
 
 /// Counts of values in hdrhistogram's buckets (3 significant digits) up to a highest value.
 #[derive(Debug, Clone)]
@@ -49,21 +72,12 @@ impl LogLinearHistogram {
     /// The bucket of `v` (at most `high`).
     #[inline]
     fn index_of(v: u64) -> usize {
-        // Below SUB_COUNT the shift is 0 and the index is the value; from 2^k on (k >= 11)
-        // it is k - 10, and `v >> shift` is in [1024, 2048): each power of two adds 1,024
-        // buckets after the 2,048 of the first.
-        let shift = (u64::BITS - SUB_BITS).saturating_sub(v.leading_zeros());
-        ((shift as usize) << (SUB_BITS - 1)) + (v >> shift) as usize
+        log_linear_index(v, SUB_BITS)
     }
 
     /// The lowest value of bucket `i` (the inverse of `index_of` on bucket boundaries).
     fn lowest_of(i: usize) -> u64 {
-        let i = i as u64;
-        if i < SUB_COUNT {
-            return i;
-        }
-        let shift = (i >> (SUB_BITS - 1)) - 1;
-        (i - (shift << (SUB_BITS - 1))) << shift
+        log_linear_lowest(i, SUB_BITS)
     }
 
     /// Counts `v` (values above [`high`](Self::high) as `high`). No allocation, no branch

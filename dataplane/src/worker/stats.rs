@@ -8,6 +8,7 @@
 //! live-stats segment of `dataplane run`. Either way a counter update is the same relaxed load
 //! and store through one pointer.
 
+use crate::pipeline::histogram::{log_linear_index, log_linear_lowest};
 use crossbeam_utils::CachePadded;
 use std::any::Any;
 use std::ptr::NonNull;
@@ -218,25 +219,12 @@ impl LatencyBuckets {
     /// The bucket of value `v`.
     #[inline]
     pub fn bucket_of(v: u64) -> usize {
-        let v = v.min((1 << LATENCY_MAX_BITS) - 1);
-        let sub = 1u64 << LATENCY_SUB_BITS;
-        if v < sub {
-            return v as usize;
-        }
-        let msb = 63 - v.leading_zeros();
-        let shift = msb - LATENCY_SUB_BITS;
-        (((shift + 1) as usize) << LATENCY_SUB_BITS) | ((v >> shift) & (sub - 1)) as usize
+        log_linear_index(v.min((1 << LATENCY_MAX_BITS) - 1), LATENCY_SUB_BITS)
     }
 
     /// The values of bucket `i`, inclusive (`lo`, `hi`).
     pub fn bucket_range(i: usize) -> (u64, u64) {
-        let sub = 1usize << LATENCY_SUB_BITS;
-        if i < sub {
-            return (i as u64, i as u64);
-        }
-        let shift = (i >> LATENCY_SUB_BITS) - 1;
-        let lo = ((sub + (i & (sub - 1))) as u64) << shift;
-        (lo, lo + (1u64 << shift) - 1)
+        (log_linear_lowest(i, LATENCY_SUB_BITS), log_linear_lowest(i + 1, LATENCY_SUB_BITS) - 1)
     }
 
     /// Records one value.
