@@ -17,8 +17,9 @@ use super::dest::{dest, DestView};
 use super::exec::{place_taken, responder_failed, Sender};
 use super::fabric::Fabric;
 use super::layout::*;
+use super::mr::{mr_lookup, MrView};
 use super::msgq::{Delivered, Drain, MsgQueue, PAYLOAD_WORDS};
-use super::place::{copy_translated, recv_dst, write_translated_words, Incoming, Seg};
+use super::place::{copy_translated, write_translated_words, Incoming, Seg};
 use super::qp_error::{after_error, mark_error, to_error};
 use super::recvq::{self, RecvEntry};
 use super::wire::{CqRing, RecvRing};
@@ -132,6 +133,10 @@ pub(crate) struct DrainCache {
     /// number) to ERROR: the rest of the run is flushed, then the QP's receive queue
     /// (`general`, `flush_held`).
     flush_after_run: Option<(usize, u32)>,
+    /// The receive MR the run's first message was placed with, and its lkey: the run's
+    /// other messages whose request names that lkey skip its lookup (their bounds are
+    /// checked each). Set by the first message of each run.
+    run_mr: Option<(u32, MrView)>,
 }
 
 /// Where a message's receive completion went.
@@ -363,7 +368,7 @@ fn take_held(f: &Fabric, c: &mut DrainCache, m: &Delivered, out: &mut WorkComple
         rq.release(pos);
         return flush_held(f, c, &m);
     }
-    if !place(f, d.pd, rq, pos, &c.entry, &m, None) {
+    if !place(f, d.pd, rq, pos, &c.entry, &m, None, &mut c.run_mr) {
         return general(f, c, &m);
     }
     let rx_qpn = d.qpn;
@@ -392,10 +397,21 @@ fn flush_held(f: &Fabric, c: &mut DrainCache, m: &Msg) -> Got {
 
 /// Places `m`'s payload (`src`, or the cell's words) into the request `entry` taken at `pos`
 /// of `rq` and releases it; false (released too) when the request is not the common case:
-/// not one SGE that holds the message in PD `pd` (the general delivery decides).
+/// not one SGE that holds the message in PD `pd` (the general delivery decides). `run_mr`:
+/// the MR a message before it in the same run passed the checks with (`DrainCache::run_mr`).
 #[inline(always)]
-fn place(f: &Fabric, pd: u32, rq: &RecvRing, pos: u64, entry: &RecvEntry, m: &Msg, src: Option<*mut u8>) -> bool {
-    let dst = if entry.n == 1 { recv_dst(f, pd, &entry.sges[0], m.len) } else { None };
+#[allow(clippy::too_many_arguments)]
+fn place(
+    f: &Fabric,
+    pd: u32,
+    rq: &RecvRing,
+    pos: u64,
+    entry: &RecvEntry,
+    m: &Msg,
+    src: Option<*mut u8>,
+    run_mr: &mut Option<(u32, MrView)>,
+) -> bool {
+    let dst = if entry.n == 1 { run_dst(f, pd, &entry.sges[0], m.len, run_mr) } else { None };
     let Some(dst) = dst else {
         rq.release(pos);
         return false;
@@ -408,6 +424,27 @@ fn place(f: &Fabric, pd: u32, rq: &RecvRing, pos: u64, entry: &RecvEntry, m: &Ms
     }
     rq.release(pos);
     true
+}
+
+/// `recv_dst` within a run: the MR is looked up for the run's first request and reused for
+/// the others that name the same lkey (a run is claimed and delivered within one poll, as a
+/// post list is one doorbell: an MR deregistered meanwhile counts as deregistered after it).
+#[inline(always)]
+fn run_dst(f: &Fabric, pd: u32, r: &Sge, len: usize, run_mr: &mut Option<(u32, MrView)>) -> Option<*mut u8> {
+    let cap = recvq::recv_sge_len(r);
+    if len as u64 > cap {
+        return None;
+    }
+    let mr = match *run_mr {
+        Some((key, mr)) if key == r.lkey => mr,
+        _ => {
+            let mr = mr_lookup(f, r.lkey)
+                .filter(|m| !m.window && m.pd == pd && m.access.contains(AccessFlags::LOCAL_WRITE))?;
+            *run_mr = Some((r.lkey, mr));
+            mr
+        }
+    };
+    mr.translate(f, r.addr, cap)
 }
 
 /// The completions of a placed message: the receive one into `out`, the sender's (if it
@@ -481,7 +518,9 @@ fn take_as<const REF: bool>(
             None => return take_cold(f, cqn, c, &m),
         },
     };
-    if !place(f, d.pd, rq, pos, &c.entry, &m, src) {
+    // A new run (or a lone message): its receive MR is looked up afresh.
+    c.run_mr = None;
+    if !place(f, d.pd, rq, pos, &c.entry, &m, src, &mut c.run_mr) {
         return general(f, c, &m);
     }
     let rx_qpn = d.qpn;
@@ -706,6 +745,9 @@ pub(crate) mod tests {
         ra: ShmCq,
         rb: ShmCq,
         mr: crate::shm::ShmMr,
+        /// The PD and region of `mr`, for a test's other MRs.
+        pd: crate::shm::ShmPd,
+        region: <crate::shm::Shm as crate::provider::Provider>::Region,
     }
 
     fn pair(name: &str) -> Pair {
@@ -746,7 +788,7 @@ pub(crate) mod tests {
             crate::shm::unit_connect(q, dest, AccessFlags::empty());
         }
         FORCE.with(|f| f.set(None));
-        Pair { _ctx: ctx, a, b, sa, ra, rb, mr }
+        Pair { _ctx: ctx, a, b, sa, ra, rb, mr, pd, region }
     }
 
     /// `Mode::Auto`: a QP that posts again without having received anything streams, and
@@ -1172,6 +1214,59 @@ pub(crate) mod tests {
         );
         assert_eq!(poll_n(&mut p.sa, 6), [(100, ok), (101, ok), (102, inv), (103, flush), (104, flush), (105, flush)]);
         assert_eq!((p.a.state(), p.b.state()), (QpState::Error, QpState::Error));
+    }
+
+    /// A run whose receive requests alternate between two MRs over the same bytes is placed
+    /// request by request with each one's own MR: with the second MR deregistered after the
+    /// requests were posted, its first request fails as the general delivery fails it
+    /// (its bytes untouched, though the first MR covers them) and the rest of the run is
+    /// flushed; the messages before it land.
+    #[test]
+    fn a_run_looks_up_each_requests_own_mr() {
+        let mut p = pair("mq-run-mrs");
+        let other = p.pd.reg_mr(&p.region, 0, 4096, AccessFlags::LOCAL_WRITE).unwrap();
+        write_bytes(&p.mr, 1024, &[0xEE; 512]);
+        for i in 0..6u64 {
+            let key = if i % 2 == 0 { p.mr.lkey() } else { other.lkey() };
+            p.b.post_recv(&RecvChain::one(i, &[Sge::new(p.mr.addr() + 1024 + i * 64, 64, key)])).unwrap();
+        }
+        drop(other);
+        let mut chain = SendChain::new();
+        for i in 0..4u64 {
+            write_bytes(&p.mr, i * 8, &[i as u8 + 1; 8]);
+            chain.push(SendWr::send(100 + i).signaled(), &[Sge::new(p.mr.addr() + i * 8, 8, p.mr.lkey())]);
+        }
+        p.a.post_send(&chain).unwrap();
+        let got = poll_n(&mut p.rb, 6);
+        assert_eq!(got[0], (0, WcStatus::Success));
+        assert_eq!(got[1], (1, WcStatus::LocProtErr), "{got:?}");
+        assert!(got[2..].iter().all(|&(_, s)| s == WcStatus::WrFlushErr), "{got:?}");
+        assert_eq!(read_bytes(&p.mr, 1024, 8), [1; 8], "message 0 lands");
+        assert!(read_bytes(&p.mr, 1024 + 64, 64).iter().all(|&b| b == 0xEE), "request 1's bytes untouched");
+        assert_eq!(poll_n(&mut p.sa, 4)[0], (100, WcStatus::Success));
+    }
+
+    /// A run's MR is not kept past the run: after a run placed into an MR's requests, the MR
+    /// is deregistered, and the next run into its remaining requests fails at the first.
+    #[test]
+    fn a_runs_mr_is_looked_up_again_by_the_next_run() {
+        let mut p = pair("mq-run-mr-again");
+        let other = p.pd.reg_mr(&p.region, 0, 4096, AccessFlags::LOCAL_WRITE).unwrap();
+        for i in 0..4u64 {
+            p.b.post_recv(&RecvChain::one(i, &[Sge::new(p.mr.addr() + 1024 + i * 64, 64, other.lkey())])).unwrap();
+        }
+        let send_two = |p: &mut Pair, first: u64| {
+            let mut chain = SendChain::new();
+            for i in first..first + 2 {
+                chain.push(SendWr::send(100 + i).signaled(), &[Sge::new(p.mr.addr(), 8, p.mr.lkey())]);
+            }
+            p.a.post_send(&chain).unwrap();
+        };
+        send_two(&mut p, 0);
+        assert_eq!(poll_n(&mut p.rb, 2), [(0, WcStatus::Success), (1, WcStatus::Success)]);
+        drop(other);
+        send_two(&mut p, 2);
+        assert_eq!(poll_n(&mut p.rb, 2), [(2, WcStatus::LocProtErr), (3, WcStatus::WrFlushErr)]);
     }
 
     /// With no receive posted, nothing is queued (RNR at post time): the SEND waits and is

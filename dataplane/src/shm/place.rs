@@ -147,11 +147,12 @@ pub(crate) fn place<const N: usize>(
 /// either copies (`copy_translated`) or hands the bytes to the receiver's poll in the CQE
 /// (`CqRing::push_inline_recv`).
 ///
-/// The MR is looked up for every request. Reusing the last one across a post list (as the
-/// sender's lkey could be, see docs/shm-provider.md "MR lookups once per post list") saves
-/// ~15 instructions per message in chains of 32 but made `dp-perf send_bw` 15-25% slower
-/// between two cores in every interleaved pair; the cause is not understood (no hardware
-/// counters in this VM), so neither side reuses it.
+/// The MR is looked up for every request. Reusing the last one across a sender's post list
+/// (see docs/shm-provider.md "MR lookups once per post list") saved ~15 instructions per
+/// message in chains of 32 but made `dp-perf send_bw` 15-25% slower between two cores in
+/// every interleaved pair in session 12; the cause is not understood (no hardware counters
+/// in this VM). The receiver's drain reuses it within one run of queued messages
+/// (`drain::run_dst`, session 51), where it measured no slower.
 #[inline(always)]
 pub(crate) fn recv_dst(f: &Fabric, pd: u32, r: &Sge, len: usize) -> Option<*mut u8> {
     let cap = recv_sge_len(r);
