@@ -17,9 +17,9 @@ use super::dest::{dest, DestView};
 use super::exec::{place_taken, responder_failed, Sender};
 use super::fabric::Fabric;
 use super::layout::*;
-use super::mr::{mr_lookup, MrView};
+use super::mr::MrView;
 use super::msgq::{Delivered, Drain, MsgQueue, PAYLOAD_WORDS};
-use super::place::{copy_translated, write_translated_words, Incoming, Seg};
+use super::place::{copy_translated, recv_dst_in, write_translated_words, Incoming, Seg};
 use super::qp_error::{after_error, mark_error, to_error};
 use super::recvq::{self, RecvEntry};
 use super::wire::{CqRing, RecvRing};
@@ -411,7 +411,7 @@ fn place(
     src: Option<*mut u8>,
     run_mr: &mut Option<(u32, MrView)>,
 ) -> bool {
-    let dst = if entry.n == 1 { run_dst(f, pd, &entry.sges[0], m.len, run_mr) } else { None };
+    let dst = if entry.n == 1 { recv_dst_in(f, pd, &entry.sges[0], m.len, run_mr) } else { None };
     let Some(dst) = dst else {
         rq.release(pos);
         return false;
@@ -424,27 +424,6 @@ fn place(
     }
     rq.release(pos);
     true
-}
-
-/// `recv_dst` within a run: the MR is looked up for the run's first request and reused for
-/// the others that name the same lkey (a run is claimed and delivered within one poll, as a
-/// post list is one doorbell: an MR deregistered meanwhile counts as deregistered after it).
-#[inline(always)]
-fn run_dst(f: &Fabric, pd: u32, r: &Sge, len: usize, run_mr: &mut Option<(u32, MrView)>) -> Option<*mut u8> {
-    let cap = recvq::recv_sge_len(r);
-    if len as u64 > cap {
-        return None;
-    }
-    let mr = match *run_mr {
-        Some((key, mr)) if key == r.lkey => mr,
-        _ => {
-            let mr = mr_lookup(f, r.lkey)
-                .filter(|m| !m.window && m.pd == pd && m.access.contains(AccessFlags::LOCAL_WRITE))?;
-            *run_mr = Some((r.lkey, mr));
-            mr
-        }
-    };
-    mr.translate(f, r.addr, cap)
 }
 
 /// The completions of a placed message: the receive one into `out`, the sender's (if it

@@ -7,7 +7,7 @@
 
 pub(crate) use super::cell::copy_one;
 use super::fabric::Fabric;
-use super::mr::mr_lookup;
+use super::mr::{mr_lookup, MrView};
 use super::recvq::{recv_sge_len, RecvEntry, MAX_SGE};
 use crate::verbs::*;
 
@@ -152,16 +152,39 @@ pub(crate) fn place<const N: usize>(
 /// message in chains of 32 but made `dp-perf send_bw` 15-25% slower between two cores in
 /// every interleaved pair in session 12; the cause is not understood (no hardware counters
 /// in this VM). The receiver's drain reuses it within one run of queued messages
-/// (`drain::run_dst`, session 51), where it measured no slower.
+/// (`recv_dst_in`, session 51), where it measured no slower.
 #[inline(always)]
 pub(crate) fn recv_dst(f: &Fabric, pd: u32, r: &Sge, len: usize) -> Option<*mut u8> {
+    recv_dst_in(f, pd, r, len, &mut None)
+}
+
+/// `recv_dst` within a run of queued messages: `run_mr` holds the MR (and its lkey) an
+/// earlier request of the run passed the checks with, reused when this request names the
+/// same lkey, and replaced by the one looked up otherwise. A run is claimed and delivered
+/// within one poll, as a post list is one doorbell: an MR deregistered meanwhile counts as
+/// deregistered after it. With `&mut None` (as `recv_dst` passes) it is the plain lookup.
+#[inline(always)]
+pub(crate) fn recv_dst_in(
+    f: &Fabric,
+    pd: u32,
+    r: &Sge,
+    len: usize,
+    run_mr: &mut Option<(u32, MrView)>,
+) -> Option<*mut u8> {
     let cap = recv_sge_len(r);
     if len as u64 > cap {
         return None;
     }
-    mr_lookup(f, r.lkey)
-        .filter(|m| !m.window && m.pd == pd && m.access.contains(AccessFlags::LOCAL_WRITE))
-        .and_then(|m| m.translate(f, r.addr, cap))
+    let mr = match *run_mr {
+        Some((key, mr)) if key == r.lkey => mr,
+        _ => {
+            let mr = mr_lookup(f, r.lkey)
+                .filter(|m| !m.window && m.pd == pd && m.access.contains(AccessFlags::LOCAL_WRITE))?;
+            *run_mr = Some((r.lkey, mr));
+            mr
+        }
+    };
+    mr.translate(f, r.addr, cap)
 }
 
 /// The poll's side of a receive completion that carries its payload (`CqeInline`): copies
