@@ -255,6 +255,37 @@ impl ShmCq {
         drain::take_into_ring(f, sh.cqn, &mut self.drain, dr, cq_ring(f, sh.cqn).as_ref(), true);
     }
 
+    /// `poll`'s result for `n` completions: an empty poll's checks, or the count of polls
+    /// that found something.
+    #[inline(always)]
+    fn polled(&mut self, n: usize) -> Result<usize> {
+        if n == 0 {
+            return self.poll_empty();
+        }
+        // This poll is the counter's only writer (`&mut self`): no locked instruction.
+        let polled = &self.shared.polled;
+        polled.store(polled.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
+        Ok(n)
+    }
+
+    /// The rest of `poll` when the message queue has a message: under its drain lock, the
+    /// ring again (a helper may have pushed queued messages into it: its order comes first),
+    /// then the queue, then the ring again whenever a queued message was completed into it.
+    /// Out of line, so that a poll the ring alone answers saves no registers for it.
+    #[inline(never)]
+    fn poll_queue(&mut self, wc: &mut [WorkCompletion], mut n: usize) -> Result<usize> {
+        let Some(q) = self.shared.mq else { return self.polled(n) };
+        let Some(mut d) = q.try_drain() else { return self.polled(n) };
+        loop {
+            n = pop_ring(&self.shared, wc, n);
+            if n == wc.len() || !self.drain_into(&mut d, wc, &mut n) {
+                break;
+            }
+        }
+        drop(d);
+        self.polled(n)
+    }
+
     /// A poll that found nothing: now and then it helps drain the queues this CQ's QPs
     /// sent into ([`ShmCq::help_drain`]; what it delivers, the next poll finds), and it
     /// reports an overrun.
@@ -281,41 +312,13 @@ impl crate::provider::Cq for ShmCq {
     #[inline]
     fn poll(&mut self, wc: &mut [WorkCompletion]) -> Result<usize> {
         super::retry::progress_waiting();
-        let mut n = 0;
-        let mut dr = None;
-        // The ring, then the message queue (under its drain lock, taken when the queue has
-        // a message), then the ring again when a queued message was completed into it.
-        // `pop_ring` has this one call site: a second one made LLVM outline the CQE decoder
-        // (+69 instructions per message at batch 1).
-        loop {
-            n = pop_ring(&self.shared, wc, n);
-            if n == wc.len() {
-                break;
-            }
-            let Some(q) = self.shared.mq else { break };
-            if dr.is_none() {
-                // A helper may have pushed queued messages into the ring: with the lock
-                // taken, pop the ring once more before the queue (its order).
-                dr = q.ready().then(|| q.try_drain()).flatten();
-                if dr.is_none() {
-                    break;
-                }
-                continue;
-            }
-            if let Some(d) = dr.as_mut() {
-                if !self.drain_into(d, wc, &mut n) {
-                    break;
-                }
-            }
+        // The ring first; the message queue (`poll_queue`, out of line) only when it has a
+        // message and `wc` has room.
+        let n = pop_ring(&self.shared, wc, 0);
+        if n < wc.len() && self.shared.mq.as_ref().is_some_and(|q| q.ready()) {
+            return self.poll_queue(wc, n);
         }
-        drop(dr);
-        if n == 0 {
-            return self.poll_empty();
-        }
-        // This poll is the counter's only writer (`&mut self`): no locked instruction.
-        let polled = &self.shared.polled;
-        polled.store(polled.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
-        Ok(n)
+        self.polled(n)
     }
 
     /// Inlined into the caller's loop: with nothing in the ring and nothing ready in the

@@ -110,6 +110,7 @@ impl RecvBound {
 ///
 /// Requests of one SGE (nearly all) take a straight-line version of the same checks and a
 /// push that writes one SGE without the loops.
+#[inline(always)]
 pub(crate) fn post(
     f: &Fabric,
     ring: &RecvRing,
@@ -130,6 +131,20 @@ pub(crate) fn post(
             }
         }
     }
+    post_list(f, ring, bound, pd, max_sge, chain)
+}
+
+/// [`post`] of anything but one request of one SGE that fits: each request checked and
+/// pushed in turn.
+#[inline(never)]
+fn post_list(
+    f: &Fabric,
+    ring: &RecvRing,
+    bound: &mut RecvBound,
+    pd: u32,
+    max_sge: u32,
+    chain: &RecvChain,
+) -> Result<(), PostError> {
     let mut last = None;
     for (i, (wr, sges)) in chain.iter().enumerate() {
         let pushed = if let ([s], 1..) = (sges, max_sge) {
