@@ -45,7 +45,7 @@ struct Args {
 /// start). Checked against the live file by [`Fabric::check_layout`].
 mod lay {
     pub const MAGIC: u64 = 0x6470_6661_6272_6963;
-    pub const VERSION: u32 = 8;
+    pub const VERSION: u32 = 9;
     // Header fields.
     pub const H_VERSION: usize = 8;
     pub const H_SIZE: usize = 16;

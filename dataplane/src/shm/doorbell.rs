@@ -12,7 +12,6 @@ use super::drain::{self, F_IMM, F_REF, F_SIGNALED, F_SOLICITED, META_WORDS, MQ_P
 use super::exec::*;
 use super::fabric::{pid_alive, pid_alive_recently, Fabric};
 use super::layout::*;
-use super::mr::{mr_lookup, MrView};
 use super::msgq::{MsgQueue, PAYLOAD_WORDS};
 use super::place::*;
 use super::recvq::{self, RecvEntry, MAX_SGE};
@@ -339,18 +338,17 @@ fn return_run(f: &Fabric, run: &mut SrqRun, rx: &mut RecvEntry) {
 /// A post list is one doorbell: a NIC reads its WQEs as one burst and resolves the
 /// connection once. The target's liveness, state and connection (shared lines the peer
 /// writes) are read for the first WR; a change made by another thread during the post lands
-/// as if just after it, as it could have per WR. An lkey is looked up for the first WR that
-/// names it (deregistering an MR that a post in flight uses is the caller's error, as on a
-/// NIC); each WR's bytes are still checked against it (`MrView::translate`).
+/// as if just after it, as it could have per WR. An lkey is checked for the first WR that
+/// names it (`SqState::lkeys`, which keeps it across posts too; deregistering an MR that a
+/// post in flight uses is the caller's error, as on a NIC); each WR's bytes are still
+/// checked against it (`MrView::translate`).
 #[derive(Default)]
 pub(crate) struct ListSeen {
     /// `dest` found the cached target alive, and the target receives, is connected to this QP
     /// and is of its type.
     dest_ok: bool,
-    /// The view of the last lkey that passed the MR checks (an MR of our PD, not a window).
-    mr: Option<MrView>,
-    /// That lkey (meaningless while `mr` is `None`).
-    lkey: u32,
+    /// `SqState::lkeys` vouched for its key during this list (`MrCache::again`).
+    mr_ok: bool,
 }
 
 /// A post of one WR with one SGE (not inline) through [`post_fast`], in a function of its
@@ -447,12 +445,13 @@ pub(crate) fn post_fast<const XRC: bool>(
         }
         f.offset_of(sge.addr, sge.length as u64).and_then(|off| f.ptr(off, sge.length as u64))
     } else {
-        let mr = match &seen.mr {
-            Some(m) if seen.lkey == sge.lkey => m,
+        let mr = match st.lkeys.again(sge.lkey) {
+            Some(m) if seen.mr_ok => m,
             _ => {
-                let Some(m) = mr_lookup(f, sge.lkey).filter(|m| !m.window && m.pd == st.pd) else { return false };
-                seen.lkey = sge.lkey;
-                seen.mr.insert(m)
+                let pd = st.pd;
+                let Some(m) = st.lkeys.get(f, sge.lkey, |m| !m.window && m.pd == pd) else { return false };
+                seen.mr_ok = true;
+                m
             }
         };
         mr.translate(f, sge.addr, sge.length as u64)
@@ -572,7 +571,7 @@ pub(crate) fn post_fast<const XRC: bool>(
         let Some(rq_pos) = taken else {
             return false;
         };
-        let dst = if st.rx.n == 1 { recv_dst(f, pd, &st.rx.sges[0], len) } else { None };
+        let dst = if st.rx.n == 1 { recv_dst_kept(f, pd, &st.rx.sges[0], len, &mut st.recv_lkeys) } else { None };
         if let Some(dst) = dst {
             let imm = op == WrOpcode::SendWithImm;
             let solicited = wr.flags.contains(SendFlags::SOLICITED);

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64};
 /// "dpfabric" in ASCII.
 pub(crate) const MAGIC: u64 = 0x6470_6661_6272_6963;
 /// Layout version; a fabric of another version is refused.
-pub(crate) const VERSION: u32 = 8;
+pub(crate) const VERSION: u32 = 9;
 
 /// Contexts (attached "ports") per fabric.
 pub(crate) const MAX_CTX: usize = 64;
@@ -164,6 +164,12 @@ pub(crate) struct MrSlot {
     pub gen: AtomicU32,
     /// 0: a registered MR; 1: a type-2 memory window (rkey only, bound by BIND_MW).
     pub kind: AtomicU32,
+    /// Bumped (Release, under the fabric lock) at the end of every change of this slot:
+    /// registration, deregistration, a window's allocation, bind, invalidation and release.
+    /// Unlike the key's 12-bit generation it never wraps in practice, so a view of the slot
+    /// taken at one epoch is still the slot's content while the epoch reads the same
+    /// (`mr::MrCache`; VERSION 9).
+    pub epoch: AtomicU64,
 }
 
 /// A multicast group: its GID and the QPNs attached to it. Written under the control-path
@@ -314,6 +320,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<CqSlot>(), 64);
         assert_eq!(std::mem::size_of::<SrqSlot>(), 64);
         assert_eq!(std::mem::size_of::<MrSlot>(), 64);
+        assert_eq!(std::mem::offset_of!(MrSlot, epoch), 48);
         assert_eq!(std::mem::size_of::<CtxSlot>(), 64);
         assert_eq!(std::mem::size_of::<McastSlot>(), 192);
         let t = tables();

@@ -122,6 +122,7 @@ impl ShmMr {
         s.off.store(off, Ordering::Relaxed);
         s.len.store(len as u64, Ordering::Relaxed);
         s.key.store(key, Ordering::Release);
+        changed(s);
         Ok(ShmMr { pd: pd.clone(), _region: region.clone(), idx, key, va, len: len as u64 })
     }
 }
@@ -134,6 +135,7 @@ impl Drop for ShmMr {
         let s = f.mr_slot(self.idx);
         if s.key.load(Ordering::Relaxed) == self.key {
             s.key.store(0, Ordering::Release);
+            changed(s);
         }
     }
 }
@@ -166,6 +168,81 @@ fn claim_mr_slot(f: &Fabric) -> Result<(usize, u32)> {
         },
         "MR/MW",
     )
+}
+
+/// Ends a change of MR slot `s` (under the fabric lock, after its last store): bumps its
+/// epoch, so that every [`MrCache`] holding a view of it looks it up again. Release: a cache
+/// that reads the new epoch then reads the slot as changed.
+fn changed(s: &MrSlot) {
+    s.epoch.fetch_add(1, Ordering::Release);
+}
+
+/// One key's [`MrView`], kept across posts (a QP's send lkeys, the receive lkeys its
+/// messages land in, a receive queue's lkeys) and used again while the slot's epoch
+/// (`MrSlot::epoch`) reads what it read when the view was taken: one load instead of
+/// [`mr_lookup`]'s seven and its checks. Only views that passed the owner's constant checks
+/// are kept (`MrCache::get`'s `ok`), so a hit skips those too.
+///
+/// The view is still the key's registration while the epoch is unchanged: every change of
+/// the slot (deregistration, a new registration in it, a window's bind or invalidation)
+/// bumps the epoch after its last store, and the epoch is read before the key and fields
+/// when the view is taken (`fill`): a view read after a change therefore holds that change's
+/// epoch or a later one, never an earlier one. A post that races a deregistration of its MR
+/// may still use it, as one that started just before would have (the caller's error, as on a
+/// NIC); a post after `ibv_dereg_mr` returned never does. The key's own 12-bit generation
+/// could not vouch for this: 4,095 re-registrations of a slot between two posts make a stale
+/// key match again.
+pub(crate) struct MrCache {
+    /// The key of `view`.
+    key: u32,
+    /// The slot's epoch `view` was taken at; `u64::MAX` (an epoch no slot reaches) while
+    /// the cache holds nothing.
+    epoch: u64,
+    /// The key's view, which passed the checks of the `get` that took it.
+    view: MrView,
+}
+
+impl Default for MrCache {
+    fn default() -> MrCache {
+        let view = MrView { pd: 0, access: AccessFlags::empty(), va: 0, off: 0, len: 0, window: true, idx: 0 };
+        MrCache { key: 0, epoch: u64::MAX, view }
+    }
+}
+
+impl MrCache {
+    /// Key `key`'s view, from the cache while its slot is unchanged, else looked up
+    /// ([`mr_lookup`]) and kept if `ok` accepts it; `None` for an unknown key or one that
+    /// `ok` refuses. `ok` must be the same check at every call on one cache (it is not run on
+    /// a hit). A reference: copying the view out cost ~10 instructions a call.
+    #[inline(always)]
+    pub(crate) fn get(&mut self, f: &Fabric, key: u32, ok: impl Fn(&MrView) -> bool) -> Option<&MrView> {
+        if key == self.key && f.mr_slot(self.view.idx).epoch.load(Ordering::Acquire) == self.epoch {
+            return Some(&self.view);
+        }
+        self.fill(f, key, ok)
+    }
+
+    /// The view [`MrCache::get`] last returned for `key`, without reading the slot's epoch:
+    /// for the later WRs of the post list whose first WR's `get` vouched for it (the list is
+    /// one doorbell; a change during it lands as if after it).
+    #[inline(always)]
+    pub(crate) fn again(&self, key: u32) -> Option<&MrView> {
+        (key == self.key).then_some(&self.view)
+    }
+
+    /// [`MrCache::get`]'s miss: the epoch, then the lookup (see the type's docs for why in
+    /// that order). Out of line: a hit's caller keeps no registers for it.
+    #[inline(never)]
+    fn fill(&mut self, f: &Fabric, key: u32, ok: impl Fn(&MrView) -> bool) -> Option<&MrView> {
+        let idx = mr_key_index(key);
+        if idx >= MAX_MR {
+            return None;
+        }
+        let epoch = f.mr_slot(idx).epoch.load(Ordering::Acquire);
+        let v = mr_lookup(f, key).filter(|v| ok(v))?;
+        *self = MrCache { key, epoch, view: v };
+        Some(&self.view)
+    }
 }
 
 /// A consistent snapshot of an MR slot.
@@ -265,6 +342,7 @@ impl ShmMw {
         s.access.store(0, Ordering::Relaxed);
         s.len.store(0, Ordering::Relaxed);
         s.key.store(mr_key(gen, idx, 0), Ordering::Release);
+        changed(s);
         Ok(ShmMw { pd: pd.clone(), idx })
     }
 
@@ -282,6 +360,7 @@ impl Drop for ShmMw {
         let s = f.mr_slot(self.idx);
         if s.kind.load(Ordering::Relaxed) == KIND_MW && s.pd.load(Ordering::Relaxed) == self.pd.pdn {
             s.key.store(0, Ordering::Release);
+            changed(s);
         }
     }
 }
@@ -322,6 +401,7 @@ pub(crate) fn bind_mw(f: &Fabric, pd: u32, b: &crate::verbs::MwBindInfo) -> bool
         Ordering::Relaxed,
     );
     s.key.store(new_rkey, Ordering::Release);
+    changed(s);
     true
 }
 
@@ -340,6 +420,7 @@ pub(crate) fn invalidate(f: &Fabric, pd: u32, rkey: u32) -> bool {
     }
     s.len.store(0, Ordering::Release);
     s.access.store(0, Ordering::Release);
+    changed(s);
     true
 }
 
@@ -400,5 +481,46 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// `MrCache` never hands out a view of a slot that changed since it took it: not after
+    /// a deregistration, not after a new registration in the slot, and not after 4,095 of
+    /// them, when the new MR's key is the old one again (the key's 12-bit generation wraps)
+    /// but its range is another: a cache checked by the key alone would return the old range.
+    #[test]
+    fn mr_cache_follows_every_change_of_the_slot() {
+        use crate::provider::{Context, Mr, Pd};
+        let ctx = crate::shm::unit_context("mr-cache");
+        let f = &*ctx.inner.fabric;
+        let pd = ctx.alloc_pd().unwrap();
+        let region = ctx.alloc_region(8192).unwrap();
+        let mut cache = MrCache::default();
+        let any = |_: &MrView| true;
+        assert!(cache.get(f, 0, any).is_none(), "key 0 names no MR, even in an empty cache");
+        let first = pd.reg_mr(&region, 0, 4096, AccessFlags::LOCAL_WRITE).unwrap();
+        let key = first.lkey();
+        assert_eq!(cache.get(f, key, any).map(|v| v.len), Some(4096));
+        assert_eq!(cache.get(f, key, any).map(|v| v.len), Some(4096), "a hit");
+        drop(first);
+        assert!(cache.get(f, key, any).is_none(), "deregistered");
+        assert!(cache.again(key).is_some(), "`again` does not read the slot: one post list only");
+        // Register in the same slot until the key comes back, with another length.
+        let mut n = 0;
+        let again = loop {
+            let mr = pd.reg_mr(&region, 0, 8192, AccessFlags::LOCAL_WRITE).unwrap();
+            n += 1;
+            if mr.lkey() == key {
+                break mr;
+            }
+            assert!(n < 5000, "the key did not come back");
+        };
+        assert_eq!(n, 4095, "the key's generation wraps after 4,095 registrations of one slot");
+        assert_eq!(cache.get(f, key, any).map(|v| v.len), Some(8192), "the new registration, not the old view");
+        // A view `ok` refuses is not kept.
+        let mut other = MrCache::default();
+        assert!(other.get(f, key, |v| v.len == 4096).is_none());
+        assert!(other.again(key).is_none());
+        drop(again);
+        assert!(cache.get(f, key, any).is_none());
     }
 }

@@ -7,7 +7,7 @@
 
 pub(crate) use super::cell::copy_one;
 use super::fabric::Fabric;
-use super::mr::{mr_lookup, MrView};
+use super::mr::{mr_lookup, MrCache, MrView};
 use super::recvq::{recv_sge_len, RecvEntry, MAX_SGE};
 use crate::verbs::*;
 
@@ -147,15 +147,34 @@ pub(crate) fn place<const N: usize>(
 /// either copies (`copy_translated`) or hands the bytes to the receiver's poll in the CQE
 /// (`CqRing::push_inline_recv`).
 ///
-/// The MR is looked up for every request. Reusing the last one across a sender's post list
-/// (see docs/shm-provider.md "MR lookups once per post list") saved ~15 instructions per
-/// message in chains of 32 but made `dp-perf send_bw` 15-25% slower between two cores in
-/// every interleaved pair in session 12; the cause is not understood (no hardware counters
-/// in this VM). The receiver's drain reuses it within one run of queued messages
-/// (`recv_dst_in`, session 51), where it measured no slower.
+/// The MR is looked up for every request here (the general path's). The fast path keeps
+/// it across posts instead ([`recv_dst_kept`]); the receiver's drain reuses it within one
+/// run of queued messages ([`recv_dst_in`], session 51).
 #[inline(always)]
 pub(crate) fn recv_dst(f: &Fabric, pd: u32, r: &Sge, len: usize) -> Option<*mut u8> {
     recv_dst_in(f, pd, r, len, &mut None)
+}
+
+/// [`recv_dst`] with the lkey's MR view kept across the sender's posts in `mrs` (its
+/// `SqState::recv_lkeys`, session 55): while the receiver posts its buffers from one MR, a
+/// message checks the slot's epoch instead of looking the MR up (`MrCache`). The same
+/// checks and the same outcome: the window and LOCAL_WRITE checks passed when the view was
+/// taken, the PD (the target's, which may change with the target) is checked per message.
+///
+/// (Session 12 reused the MR within a sender's post list and read `dp-perf send_bw` 15-25%
+/// slower, cause unknown, on another host; see docs/benchmarks.md, session 55, for this
+/// one's measurement.)
+#[inline(always)]
+pub(crate) fn recv_dst_kept(f: &Fabric, pd: u32, r: &Sge, len: usize, mrs: &mut MrCache) -> Option<*mut u8> {
+    let cap = recv_sge_len(r);
+    if len as u64 > cap {
+        return None;
+    }
+    let mr = mrs.get(f, r.lkey, |m| !m.window && m.access.contains(AccessFlags::LOCAL_WRITE))?;
+    if mr.pd != pd {
+        return None;
+    }
+    mr.translate(f, r.addr, cap)
 }
 
 /// `recv_dst` within a run of queued messages: `run_mr` holds the MR (and its lkey) an

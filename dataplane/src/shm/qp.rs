@@ -251,6 +251,8 @@ impl ShmQp {
             recv_cq: recv_cq.clone(),
             recv_polled_seen: u64::MAX,
             mq_stream: false,
+            lkeys: Default::default(),
+            recv_lkeys: Default::default(),
         };
         let sq = Arc::new_cyclic(|me: &Weak<SqCell>| {
             let mut st = st;

@@ -1,7 +1,7 @@
 //! Receive requests: validation at post time, and their encoding in RQ/SRQ ring cells.
 
 use super::fabric::Fabric;
-use super::mr::{mr_lookup, MrView};
+use super::mr::{mr_lookup, MrCache, MrView};
 use super::wire::RecvRing;
 use crate::verbs::{AccessFlags, Errno, PostError, RecvChain, Sge};
 use std::cell::Cell;
@@ -80,28 +80,52 @@ fn validate_sge(f: &Fabric, pd: u32, s: &Sge, i: usize, last: &mut Option<(u32, 
     Ok(())
 }
 
+/// [`validate_sge`] of a lone request's SGE, with its MR view kept across posts in `lkeys`
+/// (`MrCache`, session 55): while the receiver posts from one MR, the key, PD, window and
+/// LOCAL_WRITE checks are one epoch load; the bounds are checked per SGE. Anything the
+/// cache does not vouch for goes through `validate_sge`, which also words the error.
+#[inline(always)]
+fn validate_kept(f: &Fabric, pd: u32, s: &Sge, lkeys: &mut MrCache) -> Result<(), PostError> {
+    let ok = |m: &MrView| !m.window && m.pd == pd && m.access.contains(AccessFlags::LOCAL_WRITE);
+    match lkeys.get(f, s.lkey, ok) {
+        Some(mr) if mr.translate(f, s.addr, recv_sge_len(s)).is_some() => Ok(()),
+        _ => validate_refused(f, pd, s),
+    }
+}
+
+/// [`validate_kept`]'s refusal: the full checks, out of line, for the error they report.
+#[cold]
+#[inline(never)]
+fn validate_refused(f: &Fabric, pd: u32, s: &Sge) -> Result<(), PostError> {
+    validate_sge(f, pd, s, 0, &mut None)
+}
+
 /// How many requests a receive ring may hold, from its producer's side: SRQ rings are twice
 /// their `max_wr` and count unclaimed requests against it ([`Ring::push_single_bounded`]);
-/// a QP's own receive queue is bounded by its cells alone.
+/// a QP's own receive queue is bounded by its cells alone. With the producer's MR view
+/// (`lkeys`), all the producer keeps between posts.
 pub(crate) struct RecvBound {
     /// Requests queued and not yet claimed that make the queue full (`u64::MAX`: only the
     /// cells bound it).
     pub(crate) limit: u64,
     /// The producer's cached copy of the ring's `head`.
     pub(crate) head_seen: u64,
+    /// The last lkey a lone request passed the checks with (an MR of the queue's PD with
+    /// LOCAL_WRITE, not a window), kept across posts ([`validate_kept`]).
+    pub(crate) lkeys: MrCache,
 }
 
 impl RecvBound {
     /// No bound beyond the ring's cells (a QP's receive queue: one sender consumes it at a
     /// time, so its cells free in order).
     pub(crate) fn cells() -> RecvBound {
-        RecvBound { limit: u64::MAX, head_seen: 0 }
+        RecvBound { limit: u64::MAX, head_seen: 0, lkeys: MrCache::default() }
     }
 
     /// At most `max_wr` requests not yet claimed (a ring of twice `max_wr` cells: SRQs, UD
     /// and RAW_PACKET RQs).
     pub(crate) fn unclaimed(max_wr: u32) -> RecvBound {
-        RecvBound { limit: u64::from(max_wr), head_seen: 0 }
+        RecvBound { limit: u64::from(max_wr), head_seen: 0, lkeys: MrCache::default() }
     }
 }
 
@@ -128,7 +152,7 @@ pub(crate) fn post(
     // cost +4).
     if let ([wr], 1..) = (chain.wrs(), max_sge) {
         if let [s] = chain.sges_of(wr) {
-            validate_sge(f, pd, s, 0, &mut None)?;
+            validate_kept(f, pd, s, &mut bound.lkeys)?;
             if push_one(ring, bound, wr.wr_id, s) {
                 return Ok(());
             }

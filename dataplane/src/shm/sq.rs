@@ -7,6 +7,7 @@ use super::complete::{push_cqe_to, CqShared, Cqe};
 use super::dest::{DestView, McastDests};
 use super::fabric::Fabric;
 use super::layout::*;
+use super::mr::MrCache;
 use super::place::{gather_prefix, Seg};
 use super::recvq::RecvEntry;
 use super::retry::{self, Waiter};
@@ -285,6 +286,12 @@ pub(crate) struct SqState {
     /// Set by each `post_send` (`Mode::Auto`): nothing was received since the previous
     /// post, so a lone SEND takes the queue.
     pub(crate) mq_stream: bool,
+    /// The last send lkey that passed the fast path's checks (an MR of `pd`, not a window),
+    /// kept across posts.
+    pub(crate) lkeys: MrCache,
+    /// The last receive lkey a message of ours landed in (an MR with LOCAL_WRITE, not a
+    /// window; its PD is checked per message), kept across posts (`place::recv_dst`).
+    pub(crate) recv_lkeys: MrCache,
 }
 
 // SAFETY: SqState holds Arcs and raw views of shared memory (pointers into the fabric's
