@@ -20,6 +20,8 @@ use std::sync::atomic::Ordering;
 pub(crate) struct DestView {
     pub(crate) qpn: u32,
     pub(crate) idx: usize,
+    /// The target's slot (`f.qp_slot(idx)`), kept mapped by the view's holder, as `rq` is.
+    pub(crate) slot: super::fabric::SlotRef<QpSlot>,
     pub(crate) qp_type: QpType,
     pub(crate) pd: u32,
     pub(crate) lid: u16,
@@ -119,6 +121,7 @@ pub(crate) fn resolve_dest(f: &Fabric, qpn: u32) -> Option<DestView> {
     let v = DestView {
         qpn,
         idx,
+        slot: f.qp_slot_ref(idx),
         qp_type,
         pd: s.pd.load(Ordering::Relaxed),
         lid: s.lid.load(Ordering::Relaxed) as u16,
@@ -144,7 +147,7 @@ pub(crate) fn resolve_dest(f: &Fabric, qpn: u32) -> Option<DestView> {
 /// for every message showed up in instruction profiles.
 #[inline(always)]
 pub(crate) fn dest<'a>(f: &Fabric, cache: &'a mut Option<DestView>, qpn: u32) -> Option<&'a DestView> {
-    let hit = cache.as_ref().is_some_and(|d| d.qpn == qpn && f.qp_slot(d.idx).qpn.load(Ordering::Acquire) == qpn);
+    let hit = cache.as_ref().is_some_and(|d| d.qpn == qpn && d.slot.get().qpn.load(Ordering::Acquire) == qpn);
     if !hit {
         *cache = resolve_dest(f, qpn);
     }

@@ -470,7 +470,7 @@ pub(crate) fn post_fast<const XRC: bool>(
         d
     } else {
         let Some(d) = dest(f, &mut st.dest, st.dest_qpn) else { return false };
-        let ds = f.qp_slot(d.idx);
+        let ds = d.slot.get();
         let ready = QpState::from_u8(ds.state.load(Ordering::Acquire) as u8).is_some_and(QpState::receives);
         let peer = if XRC { QpType::XrcRecv } else { st.qp_type };
         if !ready || ds.dest_qpn.load(Ordering::Relaxed) != st.qpn || d.qp_type != peer {

@@ -47,6 +47,41 @@ unsafe impl Send for Fabric {}
 // SAFETY: as above.
 unsafe impl Sync for Fabric {}
 
+/// Where one slot of a fabric table lies, for a holder that reads it on every message (a
+/// QP's send state its own slot, a destination view its target's): one load of this
+/// pointer instead of [`Fabric::qp_slot`]'s arithmetic, which the data path ran 6-8 times
+/// per message. Like a [`Ring`] view, it is held next to what keeps the fabric mapped (an
+/// `Arc` of the context, or of the fabric).
+pub(crate) struct SlotRef<T>(std::ptr::NonNull<T>);
+
+impl<T> Clone for SlotRef<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for SlotRef<T> {}
+
+// SAFETY: the slot holds only atomics (`T: Sync`), read through a shared reference; the
+// mapping outlives every holder (above).
+unsafe impl<T: Sync> Send for SlotRef<T> {}
+// SAFETY: as above.
+unsafe impl<T: Sync> Sync for SlotRef<T> {}
+
+impl<T> SlotRef<T> {
+    /// A slot outside any fabric (a placeholder that lives for the whole program).
+    pub(crate) fn from_static(slot: &'static T) -> SlotRef<T> {
+        SlotRef(std::ptr::NonNull::from(slot))
+    }
+
+    /// The slot.
+    #[inline(always)]
+    pub(crate) fn get(&self) -> &T {
+        // SAFETY: the pointer came from a table accessor of a mapping its holder keeps alive
+        // (type docs); slots are never moved.
+        unsafe { self.0.as_ref() }
+    }
+}
+
 /// One mapping per fabric name per process: contexts of one process share it, so addresses
 /// registered through one context are valid for all.
 static REGISTRY: Mutex<Option<HashMap<String, Weak<Fabric>>>> = Mutex::new(None);
@@ -329,9 +364,20 @@ impl Fabric {
     }
 
     fn table<T>(&self, off: usize, idx: usize) -> &T {
-        // SAFETY: callers pass `idx` below the table's length (checked by the accessors);
-        // tables lie inside the mapping and hold only atomics.
+        // SAFETY: callers pass `idx` below the table's length (checked or masked by the
+        // accessors); tables lie inside the mapping and hold only atomics.
         unsafe { &*(self.base.add(off + idx * std::mem::size_of::<T>()) as *const T) }
+    }
+
+    /// `idx` kept inside a table of `len` slots (a power of two) by a mask: one AND instead
+    /// of a compare and branch on the data path's slot reads (`qp_slot` and `mr_slot` run
+    /// several times per message). Every index comes from a slot the fabric handed out, so
+    /// the mask never changes it (debug builds check); it is what makes the pointer
+    /// arithmetic of [`Fabric::table`] safe whatever the index.
+    #[inline(always)]
+    fn masked(idx: usize, len: usize) -> usize {
+        debug_assert!(len.is_power_of_two() && idx < len, "slot index {idx} outside a table of {len}");
+        idx & (len - 1)
     }
 
     pub(crate) fn ctx_slot(&self, idx: usize) -> &CtxSlot {
@@ -339,8 +385,7 @@ impl Fabric {
         self.table(TABLES.ctx, idx)
     }
     pub(crate) fn qp_slot(&self, idx: usize) -> &QpSlot {
-        assert!(idx < MAX_QP);
-        self.table(TABLES.qp, idx)
+        self.table(TABLES.qp, Self::masked(idx, MAX_QP))
     }
     pub(crate) fn cq_slot(&self, idx: usize) -> &CqSlot {
         assert!(idx < MAX_CQ);
@@ -350,9 +395,16 @@ impl Fabric {
         assert!(idx < MAX_SRQ);
         self.table(TABLES.srq, idx)
     }
+    /// [`Fabric::qp_slot`] as a [`SlotRef`], for holders that keep the fabric mapped.
+    pub(crate) fn qp_slot_ref(&self, idx: usize) -> SlotRef<QpSlot> {
+        SlotRef(std::ptr::NonNull::from(self.qp_slot(idx)))
+    }
+    /// [`Fabric::mr_slot`] as a [`SlotRef`], for holders that keep the fabric mapped.
+    pub(crate) fn mr_slot_ref(&self, idx: usize) -> SlotRef<MrSlot> {
+        SlotRef(std::ptr::NonNull::from(self.mr_slot(idx)))
+    }
     pub(crate) fn mr_slot(&self, idx: usize) -> &MrSlot {
-        assert!(idx < MAX_MR);
-        self.table(TABLES.mr, idx)
+        self.table(TABLES.mr, Self::masked(idx, MAX_MR))
     }
     pub(crate) fn mcast_slot(&self, idx: usize) -> &McastSlot {
         assert!(idx < MAX_MCAST_GRP);

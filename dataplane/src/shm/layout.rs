@@ -24,6 +24,8 @@ pub(crate) const MAX_CQ: usize = 1024;
 pub(crate) const MAX_SRQ: usize = 256;
 /// MRs per fabric (key = generation << 12 | index).
 pub(crate) const MAX_MR: usize = 4096;
+// The QP and MR tables are indexed through a mask (`Fabric::qp_slot`, `Fabric::mr_slot`).
+const _: () = assert!(MAX_QP.is_power_of_two() && MAX_MR.is_power_of_two());
 /// Multicast groups per fabric (`max_mcast_grp`).
 pub(crate) const MAX_MCAST_GRP: usize = 64;
 /// QPs attached to one multicast group (`max_mcast_qp_attach`).

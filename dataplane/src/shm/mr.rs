@@ -1,10 +1,10 @@
 //! Protection domains, fabric memory regions, registered MRs and key lookup.
 
-use super::fabric::Fabric;
+use super::fabric::{Fabric, SlotRef};
 use super::layout::*;
 use super::CtxInner;
 use crate::verbs::{AccessFlags, Errno, Error, Result};
-use std::sync::atomic::{fence, Ordering};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// A protection domain of the `shm` provider.
@@ -198,14 +198,32 @@ pub(crate) struct MrCache {
     /// The slot's epoch `view` was taken at; `u64::MAX` (an epoch no slot reaches) while
     /// the cache holds nothing.
     epoch: u64,
+    /// The key's slot, whose epoch a hit compares (held, like the cache, next to what keeps
+    /// the fabric mapped); [`NO_SLOT`] while empty.
+    slot: SlotRef<MrSlot>,
     /// The key's view, which passed the checks of the `get` that took it.
     view: MrView,
 }
 
+/// The slot an empty [`MrCache`] reads: its epoch (0) is never the empty cache's (`u64::MAX`),
+/// so an empty cache misses whatever key it is asked for, key 0 included.
+static NO_SLOT: MrSlot = MrSlot {
+    key: AtomicU32::new(0),
+    pd: AtomicU32::new(0),
+    ctx: AtomicU32::new(0),
+    access: AtomicU32::new(0),
+    va: AtomicU64::new(0),
+    off: AtomicU64::new(0),
+    len: AtomicU64::new(0),
+    gen: AtomicU32::new(0),
+    kind: AtomicU32::new(0),
+    epoch: AtomicU64::new(0),
+};
+
 impl Default for MrCache {
     fn default() -> MrCache {
         let view = MrView { pd: 0, access: AccessFlags::empty(), va: 0, off: 0, len: 0, window: true, idx: 0 };
-        MrCache { key: 0, epoch: u64::MAX, view }
+        MrCache { key: 0, epoch: u64::MAX, slot: SlotRef::from_static(&NO_SLOT), view }
     }
 }
 
@@ -216,7 +234,7 @@ impl MrCache {
     /// a hit). A reference: copying the view out cost ~10 instructions a call.
     #[inline(always)]
     pub(crate) fn get(&mut self, f: &Fabric, key: u32, ok: impl Fn(&MrView) -> bool) -> Option<&MrView> {
-        if key == self.key && f.mr_slot(self.view.idx).epoch.load(Ordering::Acquire) == self.epoch {
+        if key == self.key && self.slot.get().epoch.load(Ordering::Acquire) == self.epoch {
             return Some(&self.view);
         }
         self.fill(f, key, ok)
@@ -238,9 +256,10 @@ impl MrCache {
         if idx >= MAX_MR {
             return None;
         }
-        let epoch = f.mr_slot(idx).epoch.load(Ordering::Acquire);
+        let slot = f.mr_slot_ref(idx);
+        let epoch = slot.get().epoch.load(Ordering::Acquire);
         let v = mr_lookup(f, key).filter(|v| ok(v))?;
-        *self = MrCache { key, epoch, view: v };
+        *self = MrCache { key, epoch, slot, view: v };
         Some(&self.view)
     }
 }

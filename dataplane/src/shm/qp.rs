@@ -35,6 +35,8 @@ pub struct ShmQp {
     recv_cq: Arc<CqShared>,
     pd: Arc<PdInner>,
     idx: usize,
+    /// Our slot (`slot`), kept mapped by `pd`'s context.
+    slot_ref: super::fabric::SlotRef<QpSlot>,
     qpn: u32,
     qp_type: QpType,
     caps: QpCaps,
@@ -218,6 +220,7 @@ impl ShmQp {
             qpn,
             dry: false,
             idx,
+            slot_ref: f.qp_slot_ref(idx),
             qp_type: attr.qp_type,
             pd: pd.pdn,
             lid: ctx.lid,
@@ -269,6 +272,7 @@ impl ShmQp {
             recv_cq: recv_cq.clone(),
             pd: pd.clone(),
             idx,
+            slot_ref: f.qp_slot_ref(idx),
             qpn,
             qp_type: attr.qp_type,
             caps: QpCaps {
@@ -282,7 +286,7 @@ impl ShmQp {
     }
 
     fn slot(&self) -> &QpSlot {
-        self.pd.ctx.fabric.qp_slot(self.idx)
+        self.slot_ref.get()
     }
 
     fn drain_rq_silently(&self) {

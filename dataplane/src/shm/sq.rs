@@ -236,6 +236,8 @@ pub(crate) struct SqState {
     /// before its first change, and nothing else runs.
     pub(crate) dry: bool,
     pub(crate) idx: usize,
+    /// Our QP's slot (`slot`), kept mapped by `ctx`.
+    pub(crate) slot_ref: super::fabric::SlotRef<QpSlot>,
     pub(crate) qp_type: QpType,
     pub(crate) pd: u32,
     pub(crate) lid: u16,
@@ -305,7 +307,7 @@ impl SqState {
     }
 
     pub(crate) fn slot(&self) -> &QpSlot {
-        self.ctx.fabric.qp_slot(self.idx)
+        self.slot_ref.get()
     }
 
     pub(crate) fn state(&self) -> QpState {
