@@ -173,9 +173,28 @@ fn post_list(
     chain: &RecvChain,
 ) -> Result<(), PostError> {
     let mut last = None;
-    for (i, (wr, sges)) in chain.iter().enumerate() {
+    let wrs = chain.wrs();
+    let mut i = 0;
+    while let Some(wr) = wrs.get(i) {
+        let sges = chain.sges_of(wr);
         let pushed = if let ([s], 1..) = (sges, max_sge) {
             validate_sge(f, pd, s, i, &mut last)?;
+            // The requests after it that `validate_sge` would pass with the same MR go with
+            // it in one ring call: their checks are two compares each against the MR's range
+            // for their length, and the ring's bound is read once (`push_requests`).
+            let run = last.as_ref().map_or(1, |(_, mr)| same_mr_run(f, chain, i, s, mr));
+            if run > 1 {
+                let n = ring.push_requests(bound.limit, &mut bound.head_seen, run, |k| {
+                    let w = &wrs[i + k];
+                    (w.wr_id, chain.sges_of(w)[0])
+                });
+                // None pushed: the queue is full, or its next cell is still held; the
+                // one-at-a-time push below waits for a held cell or reports ENOMEM.
+                if n > 0 {
+                    i += n;
+                    continue;
+                }
+            }
             push_one(ring, bound, wr.wr_id, s)
         } else {
             validate_with(f, pd, max_sge, sges, i, &mut last)?;
@@ -184,8 +203,25 @@ fn post_list(
         if !pushed && !retry_held(ring, bound, |b| push(ring, b, wr.wr_id, sges)) {
             return Err(PostError::new(Errno::ENOMEM, i, "receive queue full"));
         }
+        i += 1;
     }
     Ok(())
+}
+
+/// How many requests of `chain` from request `i` on (whose one SGE `s` passed
+/// `validate_sge` with MR `mr`) have one SGE of the same lkey and length inside `mr`: those
+/// `validate_sge` passes as it passed `s` (`MrView::addr_range` is exactly what `translate`
+/// accepts for one length). At least 1; 1 without computing the range when the next request
+/// does not have that shape.
+#[inline(always)]
+fn same_mr_run(f: &Fabric, chain: &RecvChain, i: usize, s: &Sge, mr: &MrView) -> usize {
+    let shaped = |w: &crate::verbs::RecvWr| matches!(chain.sges_of(w), [t] if t.lkey == s.lkey && t.length == s.length);
+    let after = &chain.wrs()[i + 1..];
+    if !after.first().is_some_and(shaped) {
+        return 1;
+    }
+    let Some((lo, hi)) = mr.addr_range(f, recv_sge_len(s)) else { return 1 };
+    1 + after.iter().take_while(|w| shaped(w) && (lo..=hi).contains(&chain.sges_of(w)[0].addr)).count()
 }
 
 /// A refused push: pushes again if the refusal was a cell a consumer claimed and had not freed

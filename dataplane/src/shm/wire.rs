@@ -451,12 +451,26 @@ impl RecvRing {
     /// returns how many were pushed.
     #[inline]
     pub(crate) fn push_buffers(&self, limit: u64, head_seen: &mut u64, addrs: &[u64], len: u32, lkey: u32) -> usize {
-        self.ring.push_run_single_bounded(limit, head_seen, addrs.len(), |i, mut c| {
-            let addr = addrs[i];
+        self.push_requests(limit, head_seen, addrs.len(), |i| (addrs[i], Sge::new(addrs[i], len, lkey)))
+    }
+
+    /// [`RecvRing::push_one`] of `n` requests of one SGE each, the `i`-th `request(i)` (its
+    /// `wr_id` and SGE), through [`Ring::push_run_single_bounded`]: returns how many were
+    /// pushed, in order.
+    #[inline(always)]
+    pub(crate) fn push_requests(
+        &self,
+        limit: u64,
+        head_seen: &mut u64,
+        n: usize,
+        request: impl Fn(usize) -> (u64, Sge),
+    ) -> usize {
+        self.ring.push_run_single_bounded(limit, head_seen, n, |i, mut c| {
+            let (wr_id, s) = request(i);
             // SAFETY: the header and one SGE fit every cell (`new`).
             unsafe {
-                c.put_unchecked(0, || RecvHeader { wr_id: addr, n_sge: 1, _pad: 0 });
-                c.put_unchecked(size_of::<RecvHeader>(), || SgeRecord { addr, length: len, lkey });
+                c.put_unchecked(0, || RecvHeader { wr_id, n_sge: 1, _pad: 0 });
+                c.put_unchecked(size_of::<RecvHeader>(), || SgeRecord { addr: s.addr, length: s.length, lkey: s.lkey });
             }
         })
     }

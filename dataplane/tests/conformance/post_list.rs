@@ -255,3 +255,69 @@ pub fn post_list_with_a_receive_too_small_fails_as_one_by_one<H: Harness>(test: 
         assert_eq!(p.qa.state(), if t == QpType::Rc { QpState::Error } else { QpState::Rts });
     }
 }
+
+/// A receive list made of runs of one shape (one SGE of the same MR and length), broken by a
+/// change of length and by a request of two SGEs, is its requests posted one by one: each
+/// message lands in its own request's buffer, in order. Where SGEs are checked at post time,
+/// a request of the same lkey and length as the run before it but 8 bytes past its MR's end
+/// stops the list there (EINVAL, `bad_wr` at it, the requests before it posted). A list
+/// longer than the queue's room stops at the first request that does not fit (ENOMEM), the
+/// ones before it posted. Written for a provider that checks and pushes a run of one MR's
+/// requests together (shm, session 56: `recvq::same_mr_run`).
+pub fn recv_list_of_runs_is_its_requests_one_by_one<H: Harness>(test: &str) {
+    let mut p = pair::<H>(test, QpType::Rc, QpCaps { max_recv_wr: 32, ..caps() }, ConnOpts::default());
+    let n = 20;
+    // Request j: 64 bytes at RX + j * 64; 32 bytes for j in 8..12; two SGEs of 16 for j 15.
+    let rlen = |j: usize| if (8..12).contains(&j) { 32 } else { 64 };
+    let mut c = RecvChain::new();
+    for j in 0..n {
+        if j == 15 {
+            c.push(RecvWr::new(j as u64), &[p.b.sge(RX + j * 64, 16), p.b.sge(RX + j * 64 + 32, 16)]);
+        } else {
+            c.push(RecvWr::new(j as u64), &[p.b.sge(RX + j * 64, rlen(j))]);
+        }
+    }
+    if H::sge_checked_at_post() {
+        c.push(RecvWr::new(1000), &[p.b.sge(BUF - 56, 64)]);
+        c.push(RecvWr::new(1001), &[p.b.sge(RX + n * 64, 64)]);
+        expect_post_err(p.qb.post_recv(&c), Errno::EINVAL, n);
+    } else {
+        p.qb.post_recv(&c).expect("post_recv");
+    }
+    // Message j: 1-16 bytes, so that it fits request 15's first SGE too.
+    let mlen = |j: usize| 1 + (j * 5) % 16;
+    let mut s = SendChain::with_capacity(n, n);
+    for j in 0..n {
+        p.a.write(j * 64, &pattern(j as u8 + 3, mlen(j)));
+        s.push(SendWr::send(100 + j as u64).signaled(), &[p.a.sge(j * 64, mlen(j) as u32)]);
+    }
+    p.qa.post_send(&s).expect("post_send");
+    assert!(poll_n(&mut p.a.scq, n).iter().all(|w| w.is_ok()));
+    let wcs = poll_n(&mut p.b.rcq, n);
+    for (w, j) in wcs.iter().zip(0..) {
+        assert_eq!((w.wr_id, w.status, w.byte_len as usize), (j as u64, WcStatus::Success, mlen(j)), "receive {j}");
+        assert_eq!(p.b.read(RX + j * 64, mlen(j)), pattern(j as u8 + 3, mlen(j)), "bytes of message {j}");
+    }
+    assert_no_completion(&mut p.b.rcq);
+
+    // The queue is empty again: a list of one more than it holds.
+    let room = p.qb.caps().max_recv_wr as usize;
+    let mut c = RecvChain::new();
+    for j in 0..=room {
+        c.push(RecvWr::new(j as u64), &[p.b.sge(RX + j * 64, 64)]);
+    }
+    expect_post_err(p.qb.post_recv(&c), Errno::ENOMEM, room);
+    expect_post_err(p.qb.post_recv(&RecvChain::one(2000, &[p.b.sge(RX, 64)])), Errno::ENOMEM, 0);
+    for chunk in (0..room).collect::<Vec<_>>().chunks(16) {
+        let mut s = SendChain::with_capacity(chunk.len(), chunk.len());
+        for &j in chunk {
+            s.push(SendWr::send(j as u64).signaled(), &[p.a.sge(0, 8)]);
+        }
+        p.qa.post_send(&s).expect("post_send");
+        assert!(poll_n(&mut p.a.scq, chunk.len()).iter().all(|w| w.is_ok()));
+    }
+    let wcs = poll_n(&mut p.b.rcq, room);
+    assert_eq!(wcs.iter().map(|w| w.wr_id).collect::<Vec<_>>(), (0..room as u64).collect::<Vec<_>>());
+    assert!(wcs.iter().all(|w| w.is_ok()));
+    assert_no_completion(&mut p.b.rcq);
+}
