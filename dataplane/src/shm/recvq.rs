@@ -180,13 +180,19 @@ fn post_list(
         let pushed = if let ([s], 1..) = (sges, max_sge) {
             validate_sge(f, pd, s, i, &mut last)?;
             // The requests after it that `validate_sge` would pass with the same MR go with
-            // it in one ring call: their checks are two compares each against the MR's range
-            // for their length, and the ring's bound is read once (`push_requests`).
-            let run = last.as_ref().map_or(1, |(_, mr)| same_mr_run(f, chain, i, s, mr));
-            if run > 1 {
-                let n = ring.push_requests(bound.limit, &mut bound.head_seen, run, |k| {
-                    let w = &wrs[i + k];
-                    (w.wr_id, chain.sges_of(w)[0])
+            // it in one ring call: one SGE of the same lkey and length, checked as it is
+            // pushed with two compares against the MR's range for that length
+            // (`MrView::addr_range` is exactly what `translate` accepts for one length), the
+            // ring's bound read once (`push_requests`).
+            if let Some((lo, hi)) = last.as_ref().and_then(|(_, mr)| run_range(f, chain, i, s, mr)) {
+                let rest = &wrs[i..];
+                let n = ring.push_requests(bound.limit, &mut bound.head_seen, rest.len(), |k| {
+                    match chain.sges_of(&rest[k]) {
+                        [t] if k == 0 || (t.lkey == s.lkey && t.length == s.length && (lo..=hi).contains(&t.addr)) => {
+                            Some((rest[k].wr_id, *t))
+                        }
+                        _ => None,
+                    }
                 });
                 // None pushed: the queue is full, or its next cell is still held; the
                 // one-at-a-time push below waits for a held cell or reports ENOMEM.
@@ -208,20 +214,17 @@ fn post_list(
     Ok(())
 }
 
-/// How many requests of `chain` from request `i` on (whose one SGE `s` passed
-/// `validate_sge` with MR `mr`) have one SGE of the same lkey and length inside `mr`: those
-/// `validate_sge` passes as it passed `s` (`MrView::addr_range` is exactly what `translate`
-/// accepts for one length). At least 1; 1 without computing the range when the next request
-/// does not have that shape.
+/// The addresses MR `mr` accepts for SGEs of `s`'s length (`MrView::addr_range`), when
+/// request `i + 1` of `chain` has one SGE of `s`'s lkey and length (a run of one MR may
+/// follow request `i`, whose SGE `s` passed `validate_sge` with `mr`); `None` otherwise,
+/// without computing the range.
 #[inline(always)]
-fn same_mr_run(f: &Fabric, chain: &RecvChain, i: usize, s: &Sge, mr: &MrView) -> usize {
-    let shaped = |w: &crate::verbs::RecvWr| matches!(chain.sges_of(w), [t] if t.lkey == s.lkey && t.length == s.length);
-    let after = &chain.wrs()[i + 1..];
-    if !after.first().is_some_and(shaped) {
-        return 1;
+fn run_range(f: &Fabric, chain: &RecvChain, i: usize, s: &Sge, mr: &MrView) -> Option<(u64, u64)> {
+    let next = chain.wrs().get(i + 1)?;
+    if !matches!(chain.sges_of(next), [t] if t.lkey == s.lkey && t.length == s.length) {
+        return None;
     }
-    let Some((lo, hi)) = mr.addr_range(f, recv_sge_len(s)) else { return 1 };
-    1 + after.iter().take_while(|w| shaped(w) && (lo..=hi).contains(&chain.sges_of(w)[0].addr)).count()
+    mr.addr_range(f, recv_sge_len(s))
 }
 
 /// A refused push: pushes again if the refusal was a cell a consumer claimed and had not freed

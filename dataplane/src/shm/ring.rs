@@ -328,19 +328,23 @@ impl Ring {
         self.push_single(fill)
     }
 
-    /// [`Ring::push_single_bounded`] of up to `n` entries, the `i`-th written by `fill(i, ..)`:
-    /// returns how many were pushed, in order (fewer than `n` when the bound or a cell not
-    /// yet free stops it; the caller retries or reports the rest). Each cell is claimed and
-    /// published as `push_single` does (`tail` moved just before its payload is written, its
-    /// sequence stored with Release after), so consumers see exactly what a loop of
-    /// `push_single_bounded` would show them; only the producer's own checks are shared: the
-    /// bound is checked once for the run, and the call made once.
+    /// [`Ring::push_single_bounded`] of up to `n` entries, the `k`-th written by `fill(k, ..)`,
+    /// stopping at the first `k` that `admit(k)` refuses (asked before its cell is claimed:
+    /// nothing of it is written): returns how many were pushed, in order (fewer than `n` when
+    /// `admit`, the bound or a cell not yet free stops it; the caller retries or reports the
+    /// rest). Each cell is claimed and published as `push_single` does (`tail` moved just
+    /// before its payload is written, its sequence stored with Release after), so consumers
+    /// see exactly what a loop of `push_single_bounded` would show them; only the producer's
+    /// own checks are shared: the bound is checked once for the run, and the call made once.
+    /// `admit` lets a caller whose entries pass a check one by one (`recvq::post_list`'s run
+    /// of one MR) check each as it pushes it instead of scanning them first.
     #[inline]
-    pub(crate) fn push_run_single_bounded(
+    pub(crate) fn push_run_while(
         &self,
         limit: u64,
         head_seen: &mut u64,
         n: usize,
+        mut admit: impl FnMut(usize) -> bool,
         mut fill: impl FnMut(usize, CellMut<'_>),
     ) -> usize {
         let hdr = self.hdr();
@@ -357,6 +361,9 @@ impl Ring {
         let mut k = 0;
         while k < n {
             let p = pos.wrapping_add(k);
+            if !admit(k as usize) {
+                break;
+            }
             let (payload, seq) = self.cell(p);
             if seq.load(Ordering::Acquire) != p {
                 break;
@@ -1012,7 +1019,7 @@ mod tests {
         assert_eq!((pos, k, first), (3, 1, 4), "max 1 claims one");
     }
 
-    /// `push_run_single_bounded` pushes in order what `push_single_bounded` would, one at a
+    /// `push_run_while` pushes in order what `push_single_bounded` would, one at a
     /// time: it stops at the bound (re-reading a stale cached `head` first), at a cell a
     /// consumer still holds, and at a corrupt `head`; it never reads `head` with no bound.
     #[test]
@@ -1023,13 +1030,13 @@ mod tests {
         let vals = [10u64, 11, 12, 13, 14, 15];
         let put = |i: usize, mut c: CellMut<'_>| c.put(0, &vals[i]);
         let mut seen = 0;
-        assert_eq!(r.push_run_single_bounded(4, &mut seen, 6, put), 4, "the bound stops it");
-        assert_eq!(r.push_run_single_bounded(4, &mut seen, 1, put), 0);
+        assert_eq!(r.push_run_while(4, &mut seen, 6, |_| true, put), 4, "the bound stops it");
+        assert_eq!(r.push_run_while(4, &mut seen, 1, |_| true, put), 0);
         for want in 10..12u64 {
             assert!(matches!(r.pop(|c| assert_eq!(c.get::<u64>(0), want)), Pop::Item));
         }
         // The cached head is stale (0): the push re-reads it and finds room for 2.
-        assert_eq!(r.push_run_single_bounded(4, &mut seen, 6, put), 2);
+        assert_eq!(r.push_run_while(4, &mut seen, 6, |_| true, put), 2);
         assert_eq!((seen, r.len()), (2, 4));
         for want in [12u64, 13, 10, 11] {
             assert!(matches!(r.pop(|c| assert_eq!(c.get::<u64>(0), want)), Pop::Item));
@@ -1040,14 +1047,14 @@ mod tests {
         assert_eq!(h, 6);
         r.cell(0).1.store(1, Ordering::Release);
         let mut never = 0;
-        assert_eq!(r.push_run_single_bounded(u64::MAX, &mut never, 6, put), 2);
+        assert_eq!(r.push_run_while(u64::MAX, &mut never, 6, |_| true, put), 2);
         assert_eq!((never, r.hdr().head.load(Ordering::Relaxed)), (0, 6), "no bound: head not read");
         r.cell(0).1.store(8, Ordering::Release);
-        assert_eq!(r.push_run_single_bounded(u64::MAX, &mut never, 1, put), 1, "freed, it is pushed");
+        assert_eq!(r.push_run_while(u64::MAX, &mut never, 1, |_| true, put), 1, "freed, it is pushed");
         // A head beyond the tail (a hostile peer) reads as full under a bound.
         r.hdr().head.store(100, Ordering::Relaxed);
         let mut seen = 0;
-        assert_eq!(r.push_run_single_bounded(4, &mut seen, 3, put), 0);
+        assert_eq!(r.push_run_while(4, &mut seen, 3, |_| true, put), 0);
     }
 
     #[test]
@@ -1299,7 +1306,7 @@ mod loom_tests {
         });
     }
 
-    /// An SRQ refilled in runs: one producer (`push_run_single_bounded`, the worker's
+    /// An SRQ refilled in runs: one producer (`push_run_while`, the worker's
     /// refill: runs of up to three under a bound of 2 over 2 cells) racing two consumers
     /// (`pop`). What a run does not push is pushed after the join, one at a time.
     #[test]
@@ -1313,7 +1320,7 @@ mod loom_tests {
                 let left = (4 - next as usize).min(want);
                 let base = next;
                 next +=
-                    m.ring.push_run_single_bounded(2, &mut head_seen, left, |i, c| m.fill(base + i as u64)(c)) as u64;
+                    m.ring.push_run_while(2, &mut head_seen, left, |_| true, |i, c| m.fill(base + i as u64)(c)) as u64;
             }
             let pending: Vec<u64> = (next..4).rev().collect();
             join(consumers);

@@ -447,26 +447,28 @@ impl RecvRing {
     }
 
     /// [`RecvRing::push_one`] of one request per address of `addrs` (`len` bytes of MR
-    /// `lkey` each, the address as `wr_id`), through [`Ring::push_run_single_bounded`]:
+    /// `lkey` each, the address as `wr_id`), through [`Ring::push_run_while`]:
     /// returns how many were pushed.
     #[inline]
     pub(crate) fn push_buffers(&self, limit: u64, head_seen: &mut u64, addrs: &[u64], len: u32, lkey: u32) -> usize {
-        self.push_requests(limit, head_seen, addrs.len(), |i| (addrs[i], Sge::new(addrs[i], len, lkey)))
+        self.push_requests(limit, head_seen, addrs.len(), |i| Some((addrs[i], Sge::new(addrs[i], len, lkey))))
     }
 
-    /// [`RecvRing::push_one`] of `n` requests of one SGE each, the `i`-th `request(i)` (its
-    /// `wr_id` and SGE), through [`Ring::push_run_single_bounded`]: returns how many were
-    /// pushed, in order.
+    /// [`RecvRing::push_one`] of up to `n` requests of one SGE each, the `i`-th `request(i)`
+    /// (its `wr_id` and SGE), through [`Ring::push_run_while`]: stops at the first `None`
+    /// (asked before that request's cell is claimed); returns how many were pushed, in order.
     #[inline(always)]
     pub(crate) fn push_requests(
         &self,
         limit: u64,
         head_seen: &mut u64,
         n: usize,
-        request: impl Fn(usize) -> (u64, Sge),
+        mut request: impl FnMut(usize) -> Option<(u64, Sge)>,
     ) -> usize {
-        self.ring.push_run_single_bounded(limit, head_seen, n, |i, mut c| {
-            let (wr_id, s) = request(i);
+        let next = std::cell::Cell::new((0u64, Sge::default()));
+        let admit = |i| request(i).map(|r| next.set(r)).is_some();
+        self.ring.push_run_while(limit, head_seen, n, admit, |_, mut c| {
+            let (wr_id, s) = next.get();
             // SAFETY: the header and one SGE fit every cell (`new`).
             unsafe {
                 c.put_unchecked(0, || RecvHeader { wr_id, n_sge: 1, _pad: 0 });
