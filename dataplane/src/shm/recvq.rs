@@ -299,10 +299,12 @@ fn post_buffers_from(
     // every address would go the per-SGE way below).
     let cap = recv_sge_len(&Sge::new(first, len, lkey));
     let (lo, hi) = last.and_then(|(_, mr)| mr.addr_range(f, cap)).unwrap_or((1, 0));
-    let valid = addrs.iter().position(|&a| a < lo || a > hi).unwrap_or(addrs.len());
-    let pushed = ring.push_buffers(bound.limit, &mut bound.head_seen, &addrs[..valid], len, lkey);
-    if pushed < valid {
-        return Err(PostError::new(Errno::ENOMEM, pushed, "receive queue full"));
+    let in_range = |a: u64| (lo..=hi).contains(&a);
+    // Each address checked as it is pushed (`Ring::push_run_while`); the push stops at the
+    // first the range refuses, or when the queue is full.
+    let valid = ring.push_buffers(bound.limit, &mut bound.head_seen, addrs, len, lkey, in_range);
+    if addrs.get(valid).is_some_and(|&a| in_range(a)) {
+        return Err(PostError::new(Errno::ENOMEM, valid, "receive queue full"));
     }
     // From the first address the range refused on, one at a time as `post` does: the same
     // check gives `post`'s error (and were the range ever narrower than `translate`, the

@@ -447,11 +447,21 @@ impl RecvRing {
     }
 
     /// [`RecvRing::push_one`] of one request per address of `addrs` (`len` bytes of MR
-    /// `lkey` each, the address as `wr_id`), through [`Ring::push_run_while`]:
-    /// returns how many were pushed.
+    /// `lkey` each, the address as `wr_id`), through [`Ring::push_run_while`], up to the
+    /// first address `admit` refuses: returns how many were pushed.
     #[inline]
-    pub(crate) fn push_buffers(&self, limit: u64, head_seen: &mut u64, addrs: &[u64], len: u32, lkey: u32) -> usize {
-        self.push_requests(limit, head_seen, addrs.len(), |i| Some((addrs[i], Sge::new(addrs[i], len, lkey))))
+    pub(crate) fn push_buffers(
+        &self,
+        limit: u64,
+        head_seen: &mut u64,
+        addrs: &[u64],
+        len: u32,
+        lkey: u32,
+        admit: impl Fn(u64) -> bool,
+    ) -> usize {
+        self.push_requests(limit, head_seen, addrs.len(), |i| {
+            admit(addrs[i]).then(|| (addrs[i], Sge::new(addrs[i], len, lkey)))
+        })
     }
 
     /// [`RecvRing::push_one`] of up to `n` requests of one SGE each, the `i`-th `request(i)`
