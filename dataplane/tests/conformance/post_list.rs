@@ -263,7 +263,7 @@ pub fn post_list_with_a_receive_too_small_fails_as_one_by_one<H: Harness>(test: 
 /// stops the list there (EINVAL, `bad_wr` at it, the requests before it posted). A list
 /// longer than the queue's room stops at the first request that does not fit (ENOMEM), the
 /// ones before it posted. Written for a provider that checks and pushes a run of one MR's
-/// requests together (shm, session 56: `recvq::same_mr_run`).
+/// requests together (shm, session 56: `recvq::post_list` with `Ring::push_run_while`).
 pub fn recv_list_of_runs_is_its_requests_one_by_one<H: Harness>(test: &str) {
     let mut p = pair::<H>(test, QpType::Rc, QpCaps { max_recv_wr: 32, ..caps() }, ConnOpts::default());
     let n = 20;
