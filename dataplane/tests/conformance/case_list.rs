@@ -93,6 +93,7 @@ suite!(ShmHarness;
     post_list_over_alternating_mrs,
     post_list_with_a_receive_too_small_fails_as_one_by_one,
     recv_list_of_runs_is_its_requests_one_by_one,
+    recv_list_longer_than_the_queue_stops_at_enomem,
     mcast_attach_non_ud_or_unicast_gid_einval,
     mcast_attach_any_state_twice_then_detach,
     mcast_send_reaches_every_member,

@@ -260,10 +260,10 @@ pub fn post_list_with_a_receive_too_small_fails_as_one_by_one<H: Harness>(test: 
 /// change of length and by a request of two SGEs, is its requests posted one by one: each
 /// message lands in its own request's buffer, in order. Where SGEs are checked at post time,
 /// a request of the same lkey and length as the run before it but 8 bytes past its MR's end
-/// stops the list there (EINVAL, `bad_wr` at it, the requests before it posted). A list
-/// longer than the queue's room stops at the first request that does not fit (ENOMEM), the
-/// ones before it posted. Written for a provider that checks and pushes a run of one MR's
-/// requests together (shm, session 56: `recvq::post_list` with `Ring::push_run_while`).
+/// stops the list there (EINVAL, `bad_wr` at it, the requests before it posted). Written for
+/// a provider that checks and pushes a run of one MR's requests together (shm, session 56:
+/// `recvq::post_list` with `Ring::push_run_while`); the run meeting a full queue is
+/// [`recv_list_longer_than_the_queue_stops_at_enomem`].
 pub fn recv_list_of_runs_is_its_requests_one_by_one<H: Harness>(test: &str) {
     let mut p = pair::<H>(test, QpType::Rc, QpCaps { max_recv_wr: 32, ..caps() }, ConnOpts::default());
     let n = 20;
@@ -299,8 +299,15 @@ pub fn recv_list_of_runs_is_its_requests_one_by_one<H: Harness>(test: &str) {
         assert_eq!(p.b.read(RX + j * 64, mlen(j)), pattern(j as u8 + 3, mlen(j)), "bytes of message {j}");
     }
     assert_no_completion(&mut p.b.rcq);
+}
 
-    // The queue is empty again: a list of one more than it holds.
+/// A receive list of one run (one MR, one length) longer than the queue's room stops at the
+/// first request that does not fit (ENOMEM, `bad_wr` at it), the ones before it posted, and
+/// a later post finds the queue still full: exactly that many messages are received, in
+/// order. The run's push meets the full queue in the middle of the list (shm, session 56:
+/// `Ring::push_run_while`).
+pub fn recv_list_longer_than_the_queue_stops_at_enomem<H: Harness>(test: &str) {
+    let mut p = pair::<H>(test, QpType::Rc, QpCaps { max_recv_wr: 32, ..caps() }, ConnOpts::default());
     let room = p.qb.caps().max_recv_wr as usize;
     let mut c = RecvChain::new();
     for j in 0..=room {
