@@ -229,7 +229,7 @@ impl ShmCq {
             };
             // Each message of a run takes one completion (`Got::Wc`), so `room` keeps the run
             // within `wc`.
-            match drain::take(f, sh.cqn, &mut self.drain, dr, wc.len() - *n, &m, &mut wc[*n]) {
+            match drain::take(f, sh.cqn, &mut self.drain, dr, wc.len() - *n, m, &mut wc[*n]) {
                 Got::Wc => *n += 1,
                 Got::Ring => {
                     if self.drain.holds_run() {

@@ -524,11 +524,11 @@ pub(crate) fn post_fast<const XRC: bool>(
             }
             // (Built in each branch, by value: built once before the branch it cost a lone
             // queued SEND one more store and four instructions, callgrind, session 26.)
-            let (idx, cqn, pid) = (d.idx, d.cqn, d.pid);
+            let idx = d.idx;
             if len > MQ_PAYLOAD_MAX {
-                return post_mq_ref(f, st, wr, src, len, MqTo { q, idx, cqn, pid }, rest);
+                return post_mq_ref(f, st, wr, src, len, MqTo { q, idx }, rest);
             }
-            return post_mq::<false>(f, st, wr, src, len, MqTo { q, idx, cqn, pid }, rest);
+            return post_mq::<false>(f, st, wr, src, len, MqTo { q, idx }, rest);
         }
     }
     // Anything else this QP posts waits until the SENDs it queued are drained, or it would
@@ -706,15 +706,13 @@ pub(crate) fn post_fast<const XRC: bool>(
     true
 }
 
-/// Where a queued SEND goes (`post_mq`): the target's receive CQ's queue and identity.
-/// Passed by value: a reference made LLVM build it on the stack on every small SEND's path.
+/// Where a queued SEND goes (`post_mq`): the target's receive CQ's queue and the target's
+/// slot. Passed by value: a reference made LLVM build it on the stack on every small SEND's
+/// path. (The cold wait for a busy cell finds the CQ and its owner in `SqState::dest`.)
 #[derive(Clone, Copy)]
 pub(crate) struct MqTo {
     q: MsgQueue,
     idx: usize,
-    cqn: u32,
-    /// The target's owning process (a dead one never drains again: `mq_wait`).
-    pid: u32,
 }
 
 /// Whether one of the target's posted receive requests is left for a queued SEND to
@@ -769,15 +767,10 @@ fn post_mq<const REF: bool>(
     if wr.flags.contains(SendFlags::SOLICITED) {
         flags |= F_SOLICITED;
     }
-    // `src` was translated for `len` bytes (our MR, or the fabric for INLINE), `post_fast`;
-    // a larger payload stays there and the cell carries its fabric offset (`F_REF`).
-    let ([p0, p1, p2, p3], cell_len) = if REF {
+    if REF {
         flags |= F_REF;
-        ([(src as u64).wrapping_sub(f.base_addr()), len as u64, 0, 0], META_WORDS * 8 + 16)
-    } else {
-        (read_translated_words(src, len), META_WORDS * 8 + len)
-    };
-    let words: [u64; PAYLOAD_WORDS] = [drain::meta(st.qpn, wqe), wr.wr_id, p0, p1, p2, p3];
+    }
+    let (words, cell_len) = mq_words::<REF>(f, st.qpn, wqe, wr, src, len);
     let tag = drain::tag(to.idx, flags);
     let imm = if flags & F_IMM != 0 { wr.imm_data } else { 0 };
     // One claim for the rest of the post list: a locked instruction per message would wait
@@ -799,9 +792,11 @@ fn post_mq<const REF: bool>(
     // message is undrained (more messages queued than the CQ has entries): drain it ourselves
     // if nobody is (`drain::help`), then write.
     // The retry loop is out of line: around its call the words would live on the stack,
-    // and every store a lone post makes waits behind the previous cell's (session 26).
-    if to.q.write(pos, &mut st.mq.acked, cell_len as u32, tag, imm, &words).is_err()
-        && !mq_write_waiting(f, st, wr, wqe, to, pos, (cell_len as u32, tag, imm), words)
+    // and every store a lone post makes waits behind the previous cell's (session 26). It
+    // rebuilds the words and finds the queue in `st.dest` rather than taking them: as its
+    // arguments they were stored to the stack on every post, thirteen stores (session 57).
+    if to.q.write_words(pos, &mut st.mq.acked, cell_len as u32, tag, imm, words).is_err()
+        && !mq_write_waiting::<REF>(f, st, wr, wqe, pos, (tag, imm), src, len)
     {
         return true;
     }
@@ -812,6 +807,28 @@ fn post_mq<const REF: bool>(
     true
 }
 
+/// The words of a queued SEND's cell and its length in bytes ([`post_mq`]): the sender
+/// (QP `qpn`, WQE `wqe`) and `wr_id`, then the payload of `len` bytes at `src`, or with
+/// `REF` its fabric offset and length.
+#[inline(always)]
+fn mq_words<const REF: bool>(
+    f: &Fabric,
+    qpn: u32,
+    wqe: u32,
+    wr: &SendWr,
+    src: *mut u8,
+    len: usize,
+) -> ([u64; PAYLOAD_WORDS], usize) {
+    // `src` was translated for `len` bytes (our MR, or the fabric for INLINE), `post_fast`;
+    // a larger payload stays there and the cell carries its fabric offset (`F_REF`).
+    let ([p0, p1, p2, p3], cell_len) = if REF {
+        ([(src as u64).wrapping_sub(f.base_addr()), len as u64, 0, 0], META_WORDS * 8 + 16)
+    } else {
+        (read_translated_words(src, len), META_WORDS * 8 + len)
+    };
+    ([drain::meta(qpn, wqe), wr.wr_id, p0, p1, p2, p3], cell_len)
+}
+
 /// [`post_mq`]'s write of a cell found busy: waits for it to be drained (draining it if
 /// nobody is) and writes. False if the receiver's process died with the queue full: nothing
 /// will drain it, so the WQE ends as a send to a dead peer does (RETRY_EXC_ERR, ERROR) and
@@ -819,19 +836,25 @@ fn post_mq<const REF: bool>(
 #[cold]
 #[inline(never)]
 #[allow(clippy::too_many_arguments)]
-fn mq_write_waiting(
+fn mq_write_waiting<const REF: bool>(
     f: &Fabric,
     st: &mut SqState,
     wr: &SendWr,
     wqe: u32,
-    to: MqTo,
     pos: u64,
-    (len, tag, imm): (u32, u16, u32),
-    words: [u64; PAYLOAD_WORDS],
+    (tag, imm): (u16, u32),
+    src: *mut u8,
+    len: usize,
 ) -> bool {
+    let (words, cell_len) = mq_words::<REF>(f, st.qpn, wqe, wr, src, len);
+    let len = cell_len as u32;
+    // `post_fast` built its `MqTo` from the target's view, `st.dest` (never an XRC target
+    // here), which nothing changed since.
+    // (Were it gone, the WQE would end as one whose receiver died.)
+    let to = st.dest.as_ref().and_then(|d| Some((d.mq?, d.cqn, d.pid)));
     let mut waited = 0;
-    while to.q.write(pos, &mut st.mq.acked, len, tag, imm, &words).is_err() {
-        if !mq_wait(f, &to.q, to.cqn, to.pid, &mut waited) {
+    while to.is_none_or(|(q, ..)| q.write_words(pos, &mut st.mq.acked, len, tag, imm, words).is_err()) {
+        if !to.is_some_and(|(q, cqn, pid)| mq_wait(f, &q, cqn, pid, &mut waited)) {
             mq_abandon(st);
             st.posted = st.posted.wrapping_add(1);
             fail(f, st, wr, wqe, WcStatus::RetryExcErr);

@@ -235,7 +235,7 @@ fn complete_send(f: &Fabric, t: &mut TxView, wr_id: u64, wqe: u32, status: WcSta
 
 /// A queued message's cell decoded once (its layout: [`meta`], `wr_id`, payload; [`tag`]): who
 /// sent it, for which QP slot, with which flags, and the payload words it carries.
-struct Msg<'a> {
+struct Msg {
     /// The sender's QP number.
     src_qpn: u32,
     /// The sender's WQE index (retired by its send completion).
@@ -253,15 +253,16 @@ struct Msg<'a> {
     src_off: u64,
     /// Immediate data (meaningful with `F_IMM`).
     imm: u32,
-    /// The cell's words (payload after the [`META_WORDS`]).
-    words: &'a [u64; PAYLOAD_WORDS],
+    /// The cell's words (payload after the [`META_WORDS`]), by value: held by reference,
+    /// the message was built on the stack for every delivery (session 57).
+    words: [u64; PAYLOAD_WORDS],
 }
 
-impl<'a> Msg<'a> {
+impl Msg {
     /// Decodes a cell known to carry its payload (`REF` false: the [`F_REF`] flag is not
     /// looked at) or that may not.
     #[inline(always)]
-    fn decode_as<const REF: bool>(m: &'a Delivered) -> Msg<'a> {
+    fn decode_as<const REF: bool>(m: Delivered) -> Msg {
         let flags = m.tag >> TAG_IDX_BITS;
         // A peer's words: a length by reference is cut to what a sender may queue.
         let (len, src_off) = if REF && flags & F_REF != 0 {
@@ -278,7 +279,7 @@ impl<'a> Msg<'a> {
             len,
             src_off,
             imm: m.imm,
-            words: &m.words,
+            words: m.words,
         }
     }
 
@@ -312,7 +313,7 @@ pub(crate) fn take(
     c: &mut DrainCache,
     dr: &Drain,
     room: usize,
-    m: &Delivered,
+    m: Delivered,
     out: &mut WorkCompletion,
 ) -> Got {
     if c.held_left != 0 {
@@ -329,7 +330,7 @@ pub(crate) fn take(
 
 /// [`take`] for a NOP or a payload by reference.
 #[inline(never)]
-fn take_other(f: &Fabric, cqn: u32, c: &mut DrainCache, m: &Delivered, out: &mut WorkCompletion) -> Got {
+fn take_other(f: &Fabric, cqn: u32, c: &mut DrainCache, m: Delivered, out: &mut WorkCompletion) -> Got {
     if (m.tag >> TAG_IDX_BITS) & F_NOP != 0 {
         return Got::Ring;
     }
@@ -356,7 +357,7 @@ fn run_len(dr: &Drain, room: usize, m: &Msg) -> u64 {
 /// delivered into the next held request, as one that was already on its way when the QP
 /// changed would be.
 #[inline(always)]
-fn take_held(f: &Fabric, c: &mut DrainCache, m: &Delivered, out: &mut WorkCompletion) -> Got {
+fn take_held(f: &Fabric, c: &mut DrainCache, m: Delivered, out: &mut WorkCompletion) -> Got {
     let m = Msg::decode_as::<false>(m);
     let pos = c.held;
     c.held = pos.wrapping_add(1);
@@ -453,7 +454,7 @@ fn take_as<const REF: bool>(
     c: &mut DrainCache,
     dr: Option<&Drain>,
     room: usize,
-    m: &Delivered,
+    m: Delivered,
     out: &mut WorkCompletion,
 ) -> Got {
     let m = Msg::decode_as::<REF>(m);
@@ -590,7 +591,7 @@ fn general(f: &Fabric, c: &mut DrainCache, m: &Msg) -> Got {
     let lid = c.tx(f, src_qpn).map_or(0, |t| t.lid);
     let wr = if flags & F_IMM != 0 { SendWr::send_with_imm(m.wr_id, m.imm) } else { SendWr::send(m.wr_id) };
     let wr = wr.flags(if flags & F_SOLICITED != 0 { SendFlags::SOLICITED } else { SendFlags::empty() });
-    let mut payload = payload_bytes(m.words);
+    let mut payload = payload_bytes(&m.words);
     let src = match m.by_ref(f) {
         Some(Some(p)) => [Seg { ptr: p, len }],
         Some(None) => [Seg { ptr: payload.as_mut_ptr(), len }],
@@ -685,7 +686,7 @@ pub(crate) fn take_into_ring(
         any = true;
         let mut wc = WorkCompletion::default();
         // Every message goes into the ring, in order: any run will do.
-        if let (Got::Wc, Some(ring)) = (take(f, cqn, c, dr, usize::MAX, &m, &mut wc), ring) {
+        if let (Got::Wc, Some(ring)) = (take(f, cqn, c, dr, usize::MAX, m, &mut wc), ring) {
             push_cqe_to(f, ring, &mut head, cqn, channel, &Cqe { wc, retire: None, solicited: false });
         }
     }
@@ -872,6 +873,38 @@ pub(crate) mod tests {
             assert_eq!((wc.wr_id, wc.status, wc.byte_len), (i, WcStatus::Success, 8), "message {i}");
             let got = read_bytes(&p.mr, 1024 + i * 16, 8);
             assert_eq!(got, (0x5eed_0000_0000_0000 | i).to_ne_bytes(), "bytes of message {i}");
+        }
+        assert!(poll_one(&mut p.rb, 10).is_none(), "no message twice");
+        let sc = poll_one(&mut p.sa, 10).expect("the signaled last SEND completes");
+        assert_eq!((sc.wr_id, sc.status), (1000 + n - 1, WcStatus::Success));
+    }
+
+    /// [`a_sender_finding_its_cell_busy_drains_the_queue_and_writes`] with SENDs longer than
+    /// a cell holds (40 bytes, by reference: `F_REF`): the busy cell's wait rebuilds the
+    /// cell's words from the WR (`doorbell::mq_write_waiting`), and each message still
+    /// arrives once, in order, with its own bytes. The send buffers overlap (message `i` is
+    /// bytes `8i..8i + 40` of a pattern), so that 72 of them fit the test's MR.
+    #[test]
+    fn a_sender_finding_its_cell_busy_writes_a_send_by_reference() {
+        let mut p = pair("mq-full-ref");
+        let (n, len) = (72u64, 40usize);
+        let pattern: Vec<u8> =
+            (0..(n as usize * 8 + len)).map(|k| (k as u8).wrapping_mul(29).wrapping_add(3)).collect();
+        write_bytes(&p.mr, 0, &pattern);
+        for i in 0..n {
+            let at = p.mr.addr() + 1024 + i * len as u64;
+            p.b.post_recv(&RecvChain::one(i, &[Sge::new(at, len as u32, p.mr.lkey())])).unwrap();
+        }
+        for i in 0..n {
+            let wr = if i + 1 == n { SendWr::send(1000 + i).signaled() } else { SendWr::send(1000 + i) };
+            p.a.post_send(&SendChain::one(wr, &[Sge::new(p.mr.addr() + i * 8, len as u32, p.mr.lkey())])).unwrap();
+        }
+        assert_eq!(p.rb.len(), 64, "the first lap was drained into the ring by the sender");
+        for i in 0..n {
+            let wc = poll_one(&mut p.rb, 10).unwrap_or_else(|| panic!("receive completion {i}"));
+            assert_eq!((wc.wr_id, wc.status, wc.byte_len), (i, WcStatus::Success, len as u32), "message {i}");
+            let got = read_bytes(&p.mr, 1024 + i * len as u64, len);
+            assert_eq!(got, &pattern[i as usize * 8..i as usize * 8 + len], "bytes of message {i}");
         }
         assert!(poll_one(&mut p.rb, 10).is_none(), "no message twice");
         let sc = poll_one(&mut p.sa, 10).expect("the signaled last SEND completes");
@@ -1165,7 +1198,7 @@ pub(crate) mod tests {
         let m = dr.poll().expect("a message");
         let mut c = super::DrainCache::default();
         let mut wc = WorkCompletion::default();
-        assert!(matches!(super::take(f, cqn, &mut c, &dr, 3, &m, &mut wc), super::Got::Wc));
+        assert!(matches!(super::take(f, cqn, &mut c, &dr, 3, m, &mut wc), super::Got::Wc));
         assert_eq!((wc.wr_id, wc.status), (0, WcStatus::Success));
         assert!(c.holds_run(), "room 3: a run of 3");
         c.abandon_run(f);

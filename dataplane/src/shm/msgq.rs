@@ -129,7 +129,8 @@ pub struct Delivered {
     pub tag: u16,
     /// The immediate the sender wrote.
     pub imm: u32,
-    /// The payload words (only the first `len.div_ceil(8)` are the message's).
+    /// The cell's payload words: the first `len.div_ceil(8)` are the message's; the rest are
+    /// whatever the cell holds (its sender's padding, zero from this module's writers).
     pub words: [u64; PAYLOAD_WORDS],
 }
 
@@ -247,6 +248,27 @@ impl MsgQueue {
     /// queue keeps up reads no line the drainer writes.
     #[inline]
     pub fn write(&self, pos: u64, acked: &mut u64, len: u32, tag: u16, imm: u32, words: &[u64]) -> Result<(), Busy> {
+        let mut all = [0u64; PAYLOAD_WORDS];
+        let n = words.len().min(PAYLOAD_WORDS);
+        all[..n].copy_from_slice(&words[..n]);
+        self.write_words(pos, acked, len.min(n as u32 * 8), tag, imm, all)
+    }
+
+    /// [`write`](Self::write) of a whole cell's words, passed by value: a sender's post
+    /// keeps them in registers up to the cell's stores. Through a slice they were stored to
+    /// the stack and loaded back (a reference needs memory), six stores per queued SEND,
+    /// and every store a post makes waits in the store buffer behind the previous cell's,
+    /// a line the receiver holds (docs/benchmarks.md, session 57).
+    #[inline(always)]
+    pub fn write_words(
+        &self,
+        pos: u64,
+        acked: &mut u64,
+        len: u32,
+        tag: u16,
+        imm: u32,
+        words: [u64; PAYLOAD_WORDS],
+    ) -> Result<(), Busy> {
         if pos >= acked.wrapping_add(self.capacity()) {
             // Acquire: pairs with the drainer's Release publication of `head`, so its reads
             // of the previous lap's messages happen before our stores below overwrite them.
@@ -256,12 +278,12 @@ impl MsgQueue {
             }
         }
         let c = self.cell(pos);
-        let len = len.min(PAYLOAD_MAX.min(words.len() * 8) as u32);
+        let len = len.min(PAYLOAD_MAX as u32);
         c.hdr.store(u64::from(len) | (u64::from(tag) << 16) | (u64::from(imm) << 32), Ordering::Relaxed);
-        // Every word given is stored (a caller with a fixed-size array gets unrolled stores
-        // instead of a loop over `len`); the receiver reads only the first
-        // `len.div_ceil(8)`, so words past the message are never read as its bytes.
-        for (d, &w) in c.data.iter().zip(words) {
+        // Every word is stored (unrolled stores instead of a loop over `len`); the receiver
+        // reads only the first `len.div_ceil(8)`, so words past the message are never read
+        // as its bytes.
+        for (d, w) in c.data.iter().zip(words) {
             d.store(w, Ordering::Relaxed);
         }
         // Release: the header and payload stores above are visible to whoever sees this.
@@ -333,10 +355,10 @@ impl Drain {
         }
         let hdr = c.hdr.load(Ordering::Relaxed);
         let len = (hdr as u32 & 0xFFFF).min(PAYLOAD_MAX as u32);
-        let mut words = [0u64; PAYLOAD_WORDS];
-        for (w, d) in words.iter_mut().zip(&c.data[..(len as usize).div_ceil(8)]) {
-            *w = d.load(Ordering::Relaxed);
-        }
+        // All six words, whatever the length: six plain loads of the line just read, where
+        // loading only the message's took a chain of compares and branches per message
+        // (session 57). The words past the message are never used as its bytes.
+        let words: [u64; PAYLOAD_WORDS] = std::array::from_fn(|k| c.data[k].load(Ordering::Relaxed));
         // The cell is not written: it is freed with `head` (`publish`), whose Release orders
         // these loads before the next lap's sender can see it free.
         self.head = pos + 1;
