@@ -4,7 +4,7 @@
 use crate::args::{Args, Test};
 use crate::bw::{aim, wr_for};
 use crate::live::{Live, Res};
-use crate::setup::{End, Remote};
+use crate::setup::{slot_index, End, Remote};
 use dataplane::pipeline::Clock;
 use dataplane::verbs::*;
 use dataplane::{Cq, MemRegion, Provider, Qp, Srq};
@@ -115,6 +115,8 @@ pub fn serve<P: Provider>(
     live: &mut Live,
 ) -> Res<()> {
     let mut rchain = RecvChain::with_capacity(1, 1);
+    // (`slot_index`: the signal test is a mask for a power of two, not a division on the
+    // path from the ping to the reply.)
     let cq_mod = args.cq_mod as u64;
     let dest = s.dests[0];
     match test {
@@ -124,7 +126,7 @@ pub fn serve<P: Provider>(
             while let Some(w) = wait_recv(s, live)? {
                 // Answer first, then repost: the reply is the critical path, and rx_depth
                 // receives stay posted, so the next ping always finds one.
-                aim_one(&mut chain, i, c, (i + 1) % cq_mod == 0);
+                aim_one(&mut chain, i, c, slot_index(i + 1, cq_mod) == 0);
                 post_one(s, &chain, live)?;
                 post_recv(s, &mut rchain, w.wr_id)?;
                 reap(s)?;
@@ -145,7 +147,7 @@ pub fn serve<P: Provider>(
                 live.progress();
                 // Reply from slot 1 into the client's slot 0 (we poll our slot 0).
                 s.region.fill(s.slot as usize + size as usize - 1, 1, want);
-                aim_one(&mut chain, 0, c, (i + 1) % cq_mod == 0);
+                aim_one(&mut chain, 0, c, slot_index(i + 1, cq_mod) == 0);
                 post_one(s, &chain, live)?;
                 reap(s)?;
                 i += 1;
@@ -196,7 +198,7 @@ pub fn run_client<P: Provider>(
         let t0 = clock.now_ns_unordered();
         let sample = match test {
             Test::send_lat => {
-                aim_one(&mut chain, i, s, (i + 1) % cq_mod == 0);
+                aim_one(&mut chain, i, s, slot_index(i + 1, cq_mod) == 0);
                 post_one(c, &chain, live)?;
                 let Some(w) = wait_recv(c, live)? else {
                     return Err("send_lat: stopped while waiting for a reply".into());
@@ -211,7 +213,7 @@ pub fn run_client<P: Provider>(
                 let want = seq_byte(i);
                 // Send from slot 1 into the server's slot 0; the echo lands in our slot 0.
                 c.region.fill(c.slot as usize + size as usize - 1, 1, want);
-                aim_one(&mut chain, 0, s, (i + 1) % cq_mod == 0);
+                aim_one(&mut chain, 0, s, slot_index(i + 1, cq_mod) == 0);
                 post_one(c, &chain, live)?;
                 while last_byte(&c.region, size) != want {
                     live.idle()?;
