@@ -522,13 +522,12 @@ pub(crate) fn post_fast<const XRC: bool>(
             if !mq_reserve(&mut st.mq, rq) {
                 return false;
             }
-            // (Built in each branch, by value: built once before the branch it cost a lone
-            // queued SEND one more store and four instructions, callgrind, session 26.)
+            // (`post_mq` reads the queue itself, from `st.dest`.)
             let idx = d.idx;
             if len > MQ_PAYLOAD_MAX {
-                return post_mq_ref(f, st, wr, src, len, MqTo { q, idx }, rest);
+                return post_mq_ref(f, st, wr, src, len, idx, rest);
             }
-            return post_mq::<false>(f, st, wr, src, len, MqTo { q, idx }, rest);
+            return post_mq::<false>(f, st, wr, src, len, idx, rest);
         }
     }
     // Anything else this QP posts waits until the SENDs it queued are drained, or it would
@@ -706,15 +705,6 @@ pub(crate) fn post_fast<const XRC: bool>(
     true
 }
 
-/// Where a queued SEND goes (`post_mq`): the target's receive CQ's queue and the target's
-/// slot. Passed by value: a reference made LLVM build it on the stack on every small SEND's
-/// path. (The cold wait for a busy cell finds the CQ and its owner in `SqState::dest`.)
-#[derive(Clone, Copy)]
-pub(crate) struct MqTo {
-    q: MsgQueue,
-    idx: usize,
-}
-
 /// Whether one of the target's posted receive requests is left for a queued SEND to
 /// reserve (`post_mq` takes it). Changes only our cached counts.
 ///
@@ -750,7 +740,7 @@ fn post_mq<const REF: bool>(
     wr: &SendWr,
     src: *mut u8,
     len: usize,
-    to: MqTo,
+    idx: usize,
     rest: usize,
 ) -> bool {
     // SENDs held by this post list's earlier WRs (`HeldRecv`) must be published first: the
@@ -771,19 +761,23 @@ fn post_mq<const REF: bool>(
         flags |= F_REF;
     }
     let (words, cell_len) = mq_words::<REF>(f, st.qpn, wqe, wr, src, len);
-    let tag = drain::tag(to.idx, flags);
+    let tag = drain::tag(idx, flags);
     let imm = if flags & F_IMM != 0 { wr.imm_data } else { 0 };
     // One claim for the rest of the post list: a locked instruction per message would wait
     // for the previous message's cell stores, each a line the receiver holds (the round
     // trip session 14 measured). Positions the list does not use are written as no-ops
     // (`mq_close`).
+    // The target's queue, read here from its view (`post_fast` found it there) rather than
+    // carried from `post_fast`: its three words lived on the stack across the checks
+    // between (three stores per queued SEND, session 57).
+    let Some(q) = st.dest.as_ref().and_then(|d| d.mq) else { return false };
     let m = &mut st.mq;
     let pos = if m.claim_next != m.claim_end {
         m.claim_next += 1;
         m.claim_next - 1
     } else {
-        let n = (rest as u64 + 1).min(MQ_CLAIM_MAX).min(to.q.capacity() / 2).max(1);
-        let p = to.q.claim(n);
+        let n = (rest as u64 + 1).min(MQ_CLAIM_MAX).min(q.capacity() / 2).max(1);
+        let p = q.claim(n);
         m.claim_next = p + 1;
         m.claim_end = p + n;
         p
@@ -795,7 +789,7 @@ fn post_mq<const REF: bool>(
     // and every store a lone post makes waits behind the previous cell's (session 26). It
     // rebuilds the words and finds the queue in `st.dest` rather than taking them: as its
     // arguments they were stored to the stack on every post, thirteen stores (session 57).
-    if to.q.write_words(pos, &mut st.mq.acked, cell_len as u32, tag, imm, words).is_err()
+    if q.write_words(pos, &mut st.mq.acked, cell_len as u32, tag, imm, words).is_err()
         && !mq_write_waiting::<REF>(f, st, wr, wqe, pos, (tag, imm), src, len)
     {
         return true;
@@ -848,7 +842,7 @@ fn mq_write_waiting<const REF: bool>(
 ) -> bool {
     let (words, cell_len) = mq_words::<REF>(f, st.qpn, wqe, wr, src, len);
     let len = cell_len as u32;
-    // `post_fast` built its `MqTo` from the target's view, `st.dest` (never an XRC target
+    // `post_mq` found the queue in the target's view, `st.dest` (never an XRC target
     // here), which nothing changed since.
     // (Were it gone, the WQE would end as one whose receiver died.)
     let to = st.dest.as_ref().and_then(|d| Some((d.mq?, d.cqn, d.pid)));
@@ -868,8 +862,8 @@ fn mq_write_waiting<const REF: bool>(
 /// beside the payload-in-cell case it cost every small SEND instructions (+12 per message in
 /// chains of 32).
 #[inline(never)]
-fn post_mq_ref(f: &Fabric, st: &mut SqState, wr: &SendWr, src: *mut u8, len: usize, to: MqTo, rest: usize) -> bool {
-    post_mq::<true>(f, st, wr, src, len, to, rest)
+fn post_mq_ref(f: &Fabric, st: &mut SqState, wr: &SendWr, src: *mut u8, len: usize, idx: usize, rest: usize) -> bool {
+    post_mq::<true>(f, st, wr, src, len, idx, rest)
 }
 
 /// Forgets this QP's queued SENDs and open claims: their queue's receiver is gone.
