@@ -19,7 +19,7 @@ use super::fabric::Fabric;
 use super::layout::*;
 use super::mr::MrView;
 use super::msgq::{Delivered, Drain, MsgQueue, PAYLOAD_WORDS};
-use super::place::{copy_translated, recv_dst_in, write_translated_words, Incoming, Seg};
+use super::place::{copy_translated, recv_dst_in, write_translated_payload, Incoming, Seg};
 use super::qp_error::{after_error, mark_error, to_error};
 use super::recvq::{self, RecvEntry};
 use super::wire::{CqRing, RecvRing};
@@ -236,6 +236,8 @@ fn complete_send(f: &Fabric, t: &mut TxView, wr_id: u64, wqe: u32, status: WcSta
 /// A queued message's cell decoded once (its layout: [`meta`], `wr_id`, payload; [`tag`]): who
 /// sent it, for which QP slot, with which flags, and the payload words it carries.
 struct Msg {
+    /// Its position in the queue (the cold paths read the cell again from it: `cold`).
+    at: u64,
     /// The sender's QP number.
     src_qpn: u32,
     /// The sender's WQE index (retired by its send completion).
@@ -271,6 +273,7 @@ impl Msg {
             ((m.len as usize).saturating_sub(META_WORDS * 8).min(MQ_PAYLOAD_MAX), 0)
         };
         Msg {
+            at: m.pos,
             src_qpn: m.words[0] as u32,
             wqe: (m.words[0] >> 32) as u32,
             wr_id: m.words[1],
@@ -317,24 +320,26 @@ pub(crate) fn take(
     out: &mut WorkCompletion,
 ) -> Got {
     if c.held_left != 0 {
-        return take_held(f, c, m, out);
+        return take_held(f, cqn, c, dr, m, out);
     }
     // A payload in the cell is the loop's common case; the others (a NOP, a payload by
     // reference) go out of line, where their extra words cost the small messages nothing
     // (inlined together, the drain counted +19 instructions per 8-byte message).
     if (m.tag >> TAG_IDX_BITS) & (F_NOP | F_REF) != 0 {
-        return take_other(f, cqn, c, m, out);
+        return take_other(f, cqn, c, dr, m.pos, out);
     }
-    take_as::<false>(f, cqn, c, Some(dr), room, m, out)
+    take_as::<false>(f, cqn, c, dr, room, m, out)
 }
 
-/// [`take`] for a NOP or a payload by reference.
+/// [`take`] for a NOP or a payload by reference: the message at `pos`, which `dr` took
+/// (read again here: passed by value it was stored on the stack on every delivery).
 #[inline(never)]
-fn take_other(f: &Fabric, cqn: u32, c: &mut DrainCache, m: Delivered, out: &mut WorkCompletion) -> Got {
+fn take_other(f: &Fabric, cqn: u32, c: &mut DrainCache, dr: &Drain, pos: u64, out: &mut WorkCompletion) -> Got {
+    let m = dr.reread(pos);
     if (m.tag >> TAG_IDX_BITS) & F_NOP != 0 {
         return Got::Ring;
     }
-    take_as::<true>(f, cqn, c, None, 1, m, out)
+    take_as::<true>(f, cqn, c, dr, 1, m, out)
 }
 
 /// How many receive requests to claim for message `m` (its run, [`take`]): 1 and the
@@ -357,7 +362,7 @@ fn run_len(dr: &Drain, room: usize, m: &Msg) -> u64 {
 /// delivered into the next held request, as one that was already on its way when the QP
 /// changed would be.
 #[inline(always)]
-fn take_held(f: &Fabric, c: &mut DrainCache, m: Delivered, out: &mut WorkCompletion) -> Got {
+fn take_held(f: &Fabric, cqn: u32, c: &mut DrainCache, dr: &Drain, m: Delivered, out: &mut WorkCompletion) -> Got {
     let m = Msg::decode_as::<false>(m);
     let pos = c.held;
     c.held = pos.wrapping_add(1);
@@ -367,10 +372,10 @@ fn take_held(f: &Fabric, c: &mut DrainCache, m: Delivered, out: &mut WorkComplet
     rq.read_held(pos, &mut c.entry);
     if c.flush_after_run.is_some() {
         rq.release(pos);
-        return flush_held(f, c, &m);
+        return cold(f, cqn, c, dr, m.at, Cold::FlushHeld);
     }
     if !place(f, d.pd, rq, pos, &c.entry, &m, None, &mut c.run_mr) {
-        return general(f, c, &m);
+        return cold(f, cqn, c, dr, m.at, Cold::General);
     }
     let rx_qpn = d.qpn;
     complete(f, c, rx_qpn, &m, out)
@@ -421,7 +426,14 @@ fn place(
         // The sender checked `src` against its MR for `len` bytes (and `by_ref` against the
         // arena), `recv_dst` checked `dst` against the receive MR.
         Some(src) => copy_translated(src, dst, m.len),
-        None => write_translated_words(dst, &m.words[META_WORDS..], m.len),
+        None => {
+            let w = &m.words;
+            write_translated_payload(
+                dst,
+                [w[META_WORDS], w[META_WORDS + 1], w[META_WORDS + 2], w[META_WORDS + 3]],
+                m.len,
+            )
+        }
     }
     rq.release(pos);
     true
@@ -445,14 +457,14 @@ fn complete(f: &Fabric, c: &mut DrainCache, rx_qpn: u32, m: &Msg, out: &mut Work
     Got::Wc
 }
 
-/// The delivery of [`take`]; `REF`: the payload may be by reference ([`F_REF`]); `dr`: the
-/// queue to size a run from (`None`: no run).
+/// The delivery of [`take`]; `REF`: the payload may be by reference ([`F_REF`]), and no run
+/// is claimed; `dr`: the burst that took `m` (a run is sized from it).
 #[inline(always)]
 fn take_as<const REF: bool>(
     f: &Fabric,
     cqn: u32,
     c: &mut DrainCache,
-    dr: Option<&Drain>,
+    dr: &Drain,
     room: usize,
     m: Delivered,
     out: &mut WorkCompletion,
@@ -462,7 +474,7 @@ fn take_as<const REF: bool>(
     let src = if REF {
         match m.by_ref(f) {
             Some(src) => src,
-            None => return bad_ref(f, c, &m),
+            None => return cold(f, cqn, c, dr, m.at, Cold::BadRef),
         }
     } else {
         None
@@ -475,19 +487,19 @@ fn take_as<const REF: bool>(
         let qpn = f.qp_slot(idx.min(MAX_QP - 1)).qpn.load(Ordering::Acquire);
         dest(f, &mut c.rx, qpn)
     };
-    let Some(d) = d else { return take_cold(f, cqn, c, &m) };
+    let Some(d) = d else { return cold(f, cqn, c, dr, m.at, Cold::Take) };
     let s = f.qp_slot(d.idx);
     let receives = QpState::from_u8(s.state.load(Ordering::Acquire) as u8).is_some_and(QpState::receives);
     // By reference: the ring view is several words, and a copy per message showed in
     // instruction profiles.
     let Some(rq) = d.rq.as_ref().filter(|_| receives && d.cqn == cqn && s.dest_qpn.load(Ordering::Relaxed) == src_qpn)
     else {
-        return take_cold(f, cqn, c, &m);
+        return cold(f, cqn, c, dr, m.at, Cold::Take);
     };
     let pos = match dr {
-        Some(dr) if !REF => {
+        dr if !REF => {
             let Some((pos, k)) = recvq::pop_run(rq, run_len(dr, room, &m), &mut c.entry) else {
-                return take_cold(f, cqn, c, &m);
+                return cold(f, cqn, c, dr, m.at, Cold::Take);
             };
             c.held = pos.wrapping_add(1);
             c.held_left = k - 1;
@@ -495,13 +507,13 @@ fn take_as<const REF: bool>(
         }
         _ => match recvq::pop_held(rq, &mut c.entry) {
             Some(pos) => pos,
-            None => return take_cold(f, cqn, c, &m),
+            None => return cold(f, cqn, c, dr, m.at, Cold::Take),
         },
     };
     // A new run (or a lone message): its receive MR is looked up afresh.
     c.run_mr = None;
     if !place(f, d.pd, rq, pos, &c.entry, &m, src, &mut c.run_mr) {
-        return general(f, c, &m);
+        return cold(f, cqn, c, dr, m.at, Cold::General);
     }
     let rx_qpn = d.qpn;
     complete(f, c, rx_qpn, &m, out)
@@ -535,6 +547,38 @@ fn payload_bytes(words: &[u64; PAYLOAD_WORDS]) -> [u8; MQ_PAYLOAD_MAX] {
 /// How long a drainer waits for a reserved receive request whose cell its poster has claimed
 /// but not yet published (a few instructions, unless the poster was descheduled).
 const REQUEST_PATIENCE: Duration = Duration::from_millis(100);
+
+/// Which cold path [`cold`] takes a message to.
+#[derive(Clone, Copy)]
+enum Cold {
+    /// [`take_cold`]: no request taken (the general delivery decides: RNR, a drop, an
+    /// error).
+    Take,
+    /// [`general`]: a request taken that the fast placement does not handle.
+    General,
+    /// [`bad_ref`]: a payload by reference outside the arena.
+    BadRef,
+    /// [`flush_held`]: a held request of a run after a failed one.
+    FlushHeld,
+}
+
+/// The entry of the drain's cold paths: the message at queue position `at`, which burst `dr`
+/// took, decoded again from its cell (unchanged until `head` is published). The fast path
+/// hands over the position, not the decoded message: a message whose address a call that is
+/// not inlined takes lives in memory, and was stored there on every delivery (13 stores,
+/// session 57). Decoded as one that may be by reference (`F_REF`), which reads every other
+/// message as the fast path did.
+#[cold]
+#[inline(never)]
+fn cold(f: &Fabric, cqn: u32, c: &mut DrainCache, dr: &Drain, at: u64, path: Cold) -> Got {
+    let m = Msg::decode_as::<true>(dr.reread(at));
+    match path {
+        Cold::Take => take_cold(f, cqn, c, &m),
+        Cold::General => general(f, c, &m),
+        Cold::BadRef => bad_ref(f, c, &m),
+        Cold::FlushHeld => flush_held(f, c, &m),
+    }
+}
 
 /// Everything but the common case: the receiving QP gone, not receiving or not connected
 /// to the sender; its request not yet published, or not one SGE that holds the message.

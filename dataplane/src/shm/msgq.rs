@@ -353,16 +353,33 @@ impl Drain {
         if c.seq.load(Ordering::Acquire) != pos + 1 {
             return None;
         }
+        // The cell is not written: it is freed with `head` (`publish`), whose Release orders
+        // these loads before the next lap's sender can see it free.
+        self.head = pos + 1;
+        Some(self.read(pos))
+    }
+
+    /// The message at `pos` again: one this burst took with [`poll`](Self::poll), whose
+    /// cell stays as it is until `head` is published. For a drainer's cold paths, which
+    /// take the position rather than the message: a message passed to a function that is
+    /// not inlined lives in memory, and was stored there on every delivery (session 57).
+    #[inline]
+    pub fn reread(&self, pos: u64) -> Delivered {
+        debug_assert!(pos.wrapping_sub(self.start) < self.head.wrapping_sub(self.start), "not taken in this burst");
+        self.read(pos)
+    }
+
+    /// Reads the written cell at `pos` (its sequence word already checked).
+    #[inline(always)]
+    fn read(&self, pos: u64) -> Delivered {
+        let c = self.q.cell(pos);
         let hdr = c.hdr.load(Ordering::Relaxed);
         let len = (hdr as u32 & 0xFFFF).min(PAYLOAD_MAX as u32);
         // All six words, whatever the length: six plain loads of the line just read, where
         // loading only the message's took a chain of compares and branches per message
         // (session 57). The words past the message are never used as its bytes.
         let words: [u64; PAYLOAD_WORDS] = std::array::from_fn(|k| c.data[k].load(Ordering::Relaxed));
-        // The cell is not written: it is freed with `head` (`publish`), whose Release orders
-        // these loads before the next lap's sender can see it free.
-        self.head = pos + 1;
-        Some(Delivered { pos, len, tag: (hdr >> 16) as u16, imm: (hdr >> 32) as u32, words })
+        Delivered { pos, len, tag: (hdr >> 16) as u16, imm: (hdr >> 32) as u32, words }
     }
 
     /// How many written messages follow the head (those the next `poll`s return), at most

@@ -324,6 +324,71 @@ pub(crate) fn write_translated_words(dst: *mut u8, words: &[u64], len: usize) {
     unsafe { super::cell::copy_one(words.as_ptr() as *const u8, dst, len) }
 }
 
+/// [`write_translated_words`] of four payload words passed by value (at most 32 bytes), with
+/// stores from registers: whole words, then the tail as one store of the 8 bytes ending at
+/// `len` (or, below 8 bytes, stores of 4, 2 and 1 bytes), never a byte past `len`. Through a
+/// slice the words had to be in memory, and the drainer built each message on the stack
+/// for it (session 57). Big-endian machines take the slice version.
+#[inline(always)]
+pub(crate) fn write_translated_payload(dst: *mut u8, w: [u64; 4], len: usize) {
+    if cfg!(target_endian = "big") {
+        return write_translated_words(dst, &w, len);
+    }
+    let len = len.min(32);
+    let (k, rem) = (len / 8, len % 8);
+    // SAFETY: `dst` is writable for `len` bytes (`write_translated_words`' contract); every
+    // store below lies in `[dst, dst + len)`: word `i` when `8 (i + 1) <= len`, the tail's
+    // 8 bytes at `len - 8` when `len >= 8`, the short stores inside `[0, rem)` when `len < 8`.
+    unsafe {
+        let put = |at: usize, v: u64| (dst.add(at) as *mut u64).write_unaligned(v);
+        if k >= 1 {
+            put(0, w[0]);
+        }
+        if k >= 2 {
+            put(8, w[1]);
+        }
+        if k >= 3 {
+            put(16, w[2]);
+        }
+        if k >= 4 {
+            put(24, w[3]);
+        }
+        if rem == 0 {
+            return;
+        }
+        // The word holding the tail's bytes (byte `j` of the payload is byte `j % 8` of word
+        // `j / 8`, little-endian).
+        let hi = match k {
+            0 => w[0],
+            1 => w[1],
+            2 => w[2],
+            _ => w[3],
+        };
+        if k > 0 {
+            // Bytes `len - 8 .. len`: the top `8 - rem` bytes of word `k - 1`, then the low
+            // `rem` bytes of word `k`.
+            let lo = match k {
+                1 => w[0],
+                2 => w[1],
+                _ => w[2],
+            };
+            let s = 8 * rem as u32;
+            put(len - 8, (lo >> s) | (hi << (64 - s)));
+            return;
+        }
+        // Fewer than 8 bytes, all in `hi`'s low bytes: overlapping stores of 4, 2 or 1.
+        if rem >= 4 {
+            (dst as *mut u32).write_unaligned(hi as u32);
+            (dst.add(rem - 4) as *mut u32).write_unaligned((hi >> (8 * (rem - 4))) as u32);
+        } else if rem >= 2 {
+            (dst as *mut u16).write_unaligned(hi as u16);
+            (dst.add(rem - 2) as *mut u16).write_unaligned((hi >> (8 * (rem - 2))) as u16);
+        } else {
+            dst.write(hi as u8);
+        }
+    }
+}
+
 /// Copies the first `out.len()` bytes of the gather list into `out`.
 pub(crate) fn gather_prefix(src: &[Seg], out: &mut [u8]) {
     let mut at = 0;
@@ -395,7 +460,7 @@ pub(crate) fn resolve_local(
 
 #[cfg(test)]
 mod tests {
-    use super::{read_translated_words, write_translated_words};
+    use super::{read_translated_words, write_translated_payload, write_translated_words};
 
     /// Every length a cell carries reads back byte for byte, with zeros after the payload,
     /// from a buffer that ends where the payload ends (no load may go past it).
@@ -414,6 +479,10 @@ mod tests {
             write_translated_words(back.as_mut_ptr(), &words, len);
             assert_eq!(&back[..len], &src[..], "placed payload of {len} bytes");
             assert_eq!(back[len], 0xEE, "byte after a placed payload of {len}");
+            let mut regs = vec![0xEEu8; len + 1];
+            write_translated_payload(regs.as_mut_ptr(), words, len);
+            assert_eq!(&regs[..len], &src[..], "payload of {len} bytes placed from registers");
+            assert_eq!(regs[len], 0xEE, "byte after a payload of {len} placed from registers");
         }
     }
 }
