@@ -763,14 +763,14 @@ fn post_mq<const REF: bool>(
     let (words, cell_len) = mq_words::<REF>(f, st.qpn, wqe, wr, src, len);
     let tag = drain::tag(idx, flags);
     let imm = if flags & F_IMM != 0 { wr.imm_data } else { 0 };
-    // One claim for the rest of the post list: a locked instruction per message would wait
-    // for the previous message's cell stores, each a line the receiver holds (the round
-    // trip session 14 measured). Positions the list does not use are written as no-ops
-    // (`mq_close`).
     // The target's queue, read here from its view (`post_fast` found it there) rather than
     // carried from `post_fast`: its three words lived on the stack across the checks
     // between (three stores per queued SEND, session 57).
     let Some(q) = st.dest.as_ref().and_then(|d| d.mq) else { return false };
+    // One claim for the rest of the post list: a locked instruction per message would wait
+    // for the previous message's cell stores, each a line the receiver holds (the round
+    // trip session 14 measured). Positions the list does not use are written as no-ops
+    // (`mq_close`).
     let m = &mut st.mq;
     let pos = if m.claim_next != m.claim_end {
         m.claim_next += 1;

@@ -496,19 +496,18 @@ fn take_as<const REF: bool>(
     else {
         return cold(f, cqn, c, dr, m.at, Cold::Take);
     };
-    let pos = match dr {
-        dr if !REF => {
-            let Some((pos, k)) = recvq::pop_run(rq, run_len(dr, room, &m), &mut c.entry) else {
-                return cold(f, cqn, c, dr, m.at, Cold::Take);
-            };
-            c.held = pos.wrapping_add(1);
-            c.held_left = k - 1;
-            pos
-        }
-        _ => match recvq::pop_held(rq, &mut c.entry) {
+    let pos = if !REF {
+        let Some((pos, k)) = recvq::pop_run(rq, run_len(dr, room, &m), &mut c.entry) else {
+            return cold(f, cqn, c, dr, m.at, Cold::Take);
+        };
+        c.held = pos.wrapping_add(1);
+        c.held_left = k - 1;
+        pos
+    } else {
+        match recvq::pop_held(rq, &mut c.entry) {
             Some(pos) => pos,
             None => return cold(f, cqn, c, dr, m.at, Cold::Take),
-        },
+        }
     };
     // A new run (or a lone message): its receive MR is looked up afresh.
     c.run_mr = None;
