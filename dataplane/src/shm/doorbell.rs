@@ -844,18 +844,22 @@ fn mq_write_waiting<const REF: bool>(
     let len = cell_len as u32;
     // `post_mq` found the queue in the target's view, `st.dest` (never an XRC target
     // here), which nothing changed since.
-    // (Were it gone, the WQE would end as one whose receiver died.)
-    let to = st.dest.as_ref().and_then(|d| Some((d.mq?, d.cqn, d.pid)));
-    let mut waited = 0;
-    while to.is_none_or(|(q, ..)| q.write_words(pos, &mut st.mq.acked, len, tag, imm, words).is_err()) {
-        if !to.is_some_and(|(q, cqn, pid)| mq_wait(f, &q, cqn, pid, &mut waited)) {
-            mq_abandon(st);
-            st.posted = st.posted.wrapping_add(1);
-            fail(f, st, wr, wqe, WcStatus::RetryExcErr);
-            return false;
+    if let Some((q, cqn, pid)) = st.dest.as_ref().and_then(|d| Some((d.mq?, d.cqn, d.pid))) {
+        let mut waited = 0;
+        loop {
+            if q.write_words(pos, &mut st.mq.acked, len, tag, imm, words).is_ok() {
+                return true;
+            }
+            if !mq_wait(f, &q, cqn, pid, &mut waited) {
+                break;
+            }
         }
     }
-    true
+    // The receiver died with its queue full (or, which cannot happen, the queue is gone).
+    mq_abandon(st);
+    st.posted = st.posted.wrapping_add(1);
+    fail(f, st, wr, wqe, WcStatus::RetryExcErr);
+    false
 }
 
 /// [`post_mq`] of a payload by reference (more than a cell holds), out of line: inlined
